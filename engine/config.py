@@ -1,0 +1,61 @@
+"""EngineConfig: every lever that shapes one engine replica, typed and validated in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import InvalidParamError
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # GGUF file or HF folder; None means the default SmolLM2 GGUF
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    # Paged KV cache + continuous batching; False is static batches over contiguous KV slabs.
+    paged: bool = True
+    block_size: int = 16
+    kv_budget_mb: float | None = None  # None: what memory_cap_mb leaves after weights/activations
+    memory_cap_mb: float = 2048.0  # per-device memory the replica may use in all
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 2048
+    chunked_prefill: bool = True
+    prefix_caching: bool = True
+    max_model_len: int | None = None  # None: the model's context length
+    # Fairness: a waiter older than this gets one reserved admission slot per step.
+    starvation_s: float = 5.0
+    num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.dtype not in DTYPES:
+            raise InvalidParamError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        positive_ints = ("block_size", "max_num_seqs", "max_batched_tokens")
+        for name in positive_ints:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InvalidParamError(name, f"must be a positive integer, got {value!r}")
+        if self.block_size > 256:
+            raise InvalidParamError("block_size", "must be at most 256")
+        if self.kv_budget_mb is not None and not self.kv_budget_mb > 0:
+            raise InvalidParamError("kv_budget_mb", f"must be positive, got {self.kv_budget_mb!r}")
+        if not self.memory_cap_mb > 0:
+            raise InvalidParamError("memory_cap_mb", "must be positive")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise InvalidParamError("max_model_len", "must be positive")
+        if self.starvation_s < 0:
+            raise InvalidParamError("starvation_s", "must not be negative")
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}

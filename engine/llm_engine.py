@@ -1,0 +1,231 @@
+"""One replica's engine: add requests, step (schedule -> run -> postprocess), abort, report stats.
+
+while engine.has_work():
+    for out in engine.step():   # every request's new tokens from this step
+        ...
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from engine.block_manager import BlockManager, blocks_for
+from engine.clock import WALL_CLOCK, Clock
+from engine.config import EngineConfig
+from engine.contiguous_allocator import ContiguousAllocator
+from engine.detokenizer import detokenize_step
+from engine.errors import InvalidParamError
+from engine.memory import plan_kv_blocks
+from engine.model.loader import load_model, read_gguf_metadata
+from engine.model.paths import default_gguf_path
+from engine.model.tokenizer import ChatTokenizer, tokenizer_from_folder, tokenizer_from_gguf
+from engine.runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
+from engine.sequence import RequestTimes, Sequence, SequenceStatus
+
+log = logging.getLogger("servelab.engine")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    seq: Sequence
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, clock: Clock = WALL_CLOCK) -> None:
+        self.config = config
+        self.clock = clock
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        torch.manual_seed(config.seed)
+        path = config.model or str(default_gguf_path())
+        self.dtype = DTYPES[config.dtype]
+        self.model = load_model(path, self.dtype, config.device)
+        self.tokenizer = _load_tokenizer(path)
+        self.model_cfg = self.model.cfg
+        self.max_model_len = min(config.max_model_len or self.model_cfg.max_position, self.model_cfg.max_position)
+        self.eos_token_ids = set(self.model_cfg.eos_token_ids or self.tokenizer.eos_token_ids)
+        self.memory = plan_kv_blocks(config, self.model, self.dtype)
+        log.info(self.memory.describe())
+        num_blocks = self.memory.num_blocks
+        if config.paged:
+            self.kv: BlockManager | ContiguousAllocator = BlockManager(
+                num_blocks, config.block_size, config.prefix_caching
+            )
+            self.scheduler: Scheduler = Scheduler(config, self.kv, clock)  # type: ignore[arg-type]
+        else:
+            self.kv = ContiguousAllocator(num_blocks, config.block_size)
+            self.scheduler = StaticScheduler(config, self.kv, clock)  # type: ignore[arg-type]
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, config.device)
+        self.requests: dict[str, Sequence] = {}
+        self._to_abort: set[str] = set()
+        self.num_steps = 0
+
+    # requests ---------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        params: SamplingParams | None = None,
+        prompt_token_ids: list[int] | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> Sequence:
+        """Validate and queue a request; bad input raises InvalidParamError naming the field."""
+        params = params or SamplingParams()
+        params.validate()
+        if request_id in self.requests:
+            raise InvalidParamError("request_id", f"request {request_id!r} is already running")
+        if prompt_token_ids is None:
+            if not isinstance(prompt, str):
+                raise InvalidParamError("prompt", "must be a string or a list of token ids")
+            prompt_token_ids = self.tokenizer.encode(prompt)
+        ids = list(prompt_token_ids)
+        if not ids:
+            raise InvalidParamError("prompt", "must not be empty")
+        vocab = self.model_cfg.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise InvalidParamError("prompt", f"token ids must be integers in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise InvalidParamError("prompt", f"{len(ids)} tokens; the context holds {self.max_model_len}")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise InvalidParamError(
+                "max_tokens",
+                f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) exceeds the context of {self.max_model_len} tokens",
+            )
+        if blocks_for(len(ids) + params.max_tokens, self.config.block_size) > self.kv.num_blocks:
+            raise InvalidParamError(
+                "max_tokens",
+                f"prompt + max_tokens needs more KV memory than this replica has "
+                f"({self.kv.num_blocks * self.config.block_size} tokens)",
+            )
+        now = self.clock.now()
+        seq = Sequence(
+            request_id, ids, params, RequestTimes(arrival=arrival_time if arrival_time is not None else now), priority
+        )
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, request_id: str) -> None:
+        """Drop the request at the next step; its blocks are freed then."""
+        if request_id in self.requests:
+            self._to_abort.add(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.requests)
+
+    # the loop ---------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._drop_aborted()
+        batch = self.scheduler.schedule()
+        if batch.seqs:
+            new_tokens = self.runner.execute(batch)
+            outputs += self._postprocess(batch, new_tokens)
+            self.num_steps += 1
+        self.last_batch = batch
+        return outputs
+
+    def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int]) -> list[RequestOutput]:
+        now = self.clock.now()
+        outputs = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.kv.cache_full_blocks(seq)
+            token = new_tokens.get(seq.request_id)
+            if token is None:
+                continue
+            seq.output_token_ids.append(token)
+            if seq.times.first_token is None:
+                seq.times.first_token = now
+            seq.times.tokens.append(now)
+            outputs.append(self._emit(seq, token, now))
+        return outputs
+
+    def _emit(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+        params = seq.params
+        reason = None
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
+            reason = "stop"
+        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            reason = "length"
+        seq.output_text += detokenize_step(self.tokenizer, seq.output_token_ids, seq.detok, final=reason is not None)
+        if params.stop and (cut := _find_stop(seq.output_text, params.stop)) is not None:
+            seq.output_text = seq.output_text[:cut]
+            reason = "stop"
+        if reason:
+            self._finish(seq, reason, now)
+        # Hold back text that could be the start of a stop string, until it is known not to be.
+        hold = 0 if reason else max((len(s) - 1 for s in params.stop), default=0)
+        end = max(seq.num_text_emitted, len(seq.output_text) - hold)
+        new_text = seq.output_text[seq.num_text_emitted : end]
+        seq.num_text_emitted = end
+        return RequestOutput(seq.request_id, [token], new_text, reason is not None, reason, seq)
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        if reason == "abort":
+            seq.times.aborted = now
+        else:
+            seq.times.finished = now
+        self.scheduler.remove(seq)
+        self.runner.sampler.forget(seq.request_id)
+        self.requests.pop(seq.request_id, None)
+
+    def _drop_aborted(self) -> list[RequestOutput]:
+        outputs = []
+        now = self.clock.now()
+        for request_id in list(self._to_abort):
+            seq = self.requests.get(request_id)
+            if seq is not None:
+                self._finish(seq, "abort", now)
+                outputs.append(RequestOutput(request_id, [], "", True, "abort", seq))
+        self._to_abort.clear()
+        return outputs
+
+    # reporting --------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float | int]:
+        running = self.scheduler.running
+        return {
+            "running": len(running),
+            "waiting": len(self.scheduler.waiting),
+            "kv_used_blocks": self.kv.num_used_blocks,
+            "kv_total_blocks": self.kv.num_blocks,
+            "kv_tokens_used": sum(s.num_computed_tokens for s in running),
+            "kv_tokens_reserved": self.kv.num_used_blocks * self.config.block_size,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_queries": self.kv.prefix_queries,
+            "prefix_cache_hits": self.kv.prefix_hits,
+            "num_steps": self.num_steps,
+        }
+
+
+def _find_stop(text: str, stops: list[str]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _load_tokenizer(path: str) -> ChatTokenizer:
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        return tokenizer_from_folder(p)
+    return tokenizer_from_gguf(read_gguf_metadata(p)["meta"])

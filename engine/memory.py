@@ -1,0 +1,61 @@
+"""How many KV blocks a replica gets: the KV budget is what the device's memory cap leaves after
+the weights and the activations of the largest step, unless kv_budget_mb names it outright."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import InvalidParamError
+from engine.model.llama import Llama
+
+MB = 1024 * 1024
+
+
+@dataclass
+class MemoryPlan:
+    cap_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    kv_budget_bytes: int
+    bytes_per_block: int
+    block_size: int
+    num_blocks: int
+
+    @property
+    def num_kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def describe(self) -> str:
+        return (
+            f"KV budget {self.kv_budget_bytes / MB:.0f} MB (cap {self.cap_bytes / MB:.0f} MB - weights "
+            f"{self.weight_bytes / MB:.0f} MB - activations {self.activation_bytes / MB:.0f} MB): "
+            f"{self.num_blocks} blocks of {self.block_size} tokens = {self.num_kv_tokens} tokens"
+        )
+
+
+def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> MemoryPlan:
+    cfg = model.cfg
+    elem = torch.finfo(dtype).bits // 8
+    weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    # Widest per-token activations of one layer (qkv, gate/up, SwiGLU product, residuals), in
+    # float32 to be safe, for a full token budget; plus float32 logits for every sampled row.
+    per_token = 4 * (
+        3 * cfg.hidden_size + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + 3 * cfg.intermediate_size
+    )
+    activation_bytes = config.max_batched_tokens * per_token + 2 * config.max_num_seqs * cfg.vocab_size * 4
+    cap = int(config.memory_cap_mb * MB)
+    if config.kv_budget_mb is not None:
+        budget = int(config.kv_budget_mb * MB)
+    else:
+        budget = cap - weight_bytes - activation_bytes
+    bytes_per_block = cfg.kv_bytes_per_token * elem * config.block_size
+    num_blocks = budget // bytes_per_block
+    if num_blocks < 1:
+        raise InvalidParamError(
+            "kv_budget_mb" if config.kv_budget_mb is not None else "memory_cap_mb",
+            f"leaves no room for one KV block of {bytes_per_block} bytes",
+        )
+    return MemoryPlan(cap, weight_bytes, activation_bytes, budget, bytes_per_block, config.block_size, num_blocks)

@@ -1,0 +1,155 @@
+"""The LLaMA forward pass (RMSNorm, RoPE, GQA, SwiGLU, tied embeddings) over a paged KV cache.
+
+Every token of a step, prefill chunks and decodes alike, goes through the linear layers as one
+flat batch; only attention splits them: decodes batched over the paged cache, prefill chunks
+one sequence at a time. Q/K/V and gate/up are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kernels.attention import paged_attention_decode, prefill_attention, store_kv
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position: int
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V for every layer, in bytes per element of 1 (multiply by the dtype's size)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # offset of the chunk's first token in the flat batch
+    length: int
+    num_cached: int  # tokens of this sequence already in the KV cache
+    block_table: torch.Tensor
+
+
+@dataclass
+class AttentionBatch:
+    """Where each token's K/V goes and what each query attends to. Decode tokens come first."""
+
+    slot_mapping: torch.Tensor  # [T]
+    num_decodes: int
+    decode_block_tables: torch.Tensor  # [num_decodes, max_blocks]
+    decode_context_lens: torch.Tensor  # [num_decodes]
+    prefills: list[PrefillChunk]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.input_norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.qkv = nn.Parameter(torch.empty(q_size + 2 * kv_size, cfg.hidden_size))
+        self.o = nn.Parameter(torch.empty(cfg.hidden_size, q_size))
+        self.post_norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size))
+        self.down = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size))
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = self.embed if cfg.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
+        self.rope_cos = torch.empty(0)
+        self.rope_sin = torch.empty(0)
+
+    def init_rope(self, device: str | torch.device) -> None:
+        cfg = self.cfg
+        exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta**exponents)
+        freqs = torch.outer(torch.arange(cfg.max_position, dtype=torch.float32), inv_freq)
+        self.rope_cos, self.rope_sin = freqs.cos().to(device), freqs.sin().to(device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        eps = cfg.rms_norm_eps
+        h = F.embedding(input_ids, self.embed)
+        cos = self.rope_cos[positions].to(h.dtype)
+        sin = self.rope_sin[positions].to(h.dtype)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = F.rms_norm(h, (cfg.hidden_size,), layer.input_norm, eps)
+            h = h + F.linear(self._attention(F.linear(x, layer.qkv), cos, sin, attn, k_cache, v_cache), layer.o)
+            x = F.rms_norm(h, (cfg.hidden_size,), layer.post_norm, eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.down)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = F.rms_norm(hidden, (self.cfg.hidden_size,), self.norm, self.cfg.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()
+
+    def _attention(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionBatch,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        num_tokens, d = qkv.shape[0], cfg.head_dim
+        q_size, kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+        q = _rope(qkv[:, :q_size].view(num_tokens, cfg.num_heads, d), cos, sin)
+        k = _rope(qkv[:, q_size : q_size + kv_size].view(num_tokens, cfg.num_kv_heads, d), cos, sin)
+        v = qkv[:, q_size + kv_size :].view(num_tokens, cfg.num_kv_heads, d)
+        store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        scale = d**-0.5
+        outs = []
+        nd = attn.num_decodes
+        if nd:
+            outs.append(
+                paged_attention_decode(
+                    q[:nd], k_cache, v_cache, attn.decode_block_tables, attn.decode_context_lens, scale
+                )
+            )
+        for chunk in attn.prefills:
+            span = slice(chunk.start, chunk.start + chunk.length)
+            outs.append(
+                prefill_attention(
+                    q[span], k[span], v[span], k_cache, v_cache, chunk.block_table, chunk.num_cached, scale
+                )
+            )
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return out.reshape(num_tokens, q_size)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (HF layout; the GGUF loader undoes llama.cpp's interleaved permutation)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)

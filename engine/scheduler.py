@@ -1,0 +1,157 @@
+"""The scheduler only decides: which sequences run this step and how many tokens each computes.
+
+Continuous batching (vLLM v1's idea): there are no prefill and decode phases. Each sequence has
+`num_computed_tokens` catching up with `num_tokens` under a per-step token budget: a decode is
+1 token, a prompt is many (split into chunks when chunked prefill is on), a prefix-cache hit
+starts the counter ahead. When KV blocks run out, the newest running sequence is preempted
+(its blocks freed, recomputed later), and no new sequence is admitted in that step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.block_manager import BlockManager
+from engine.clock import Clock
+from engine.config import EngineConfig
+from engine.contiguous_allocator import ContiguousAllocator
+from engine.sequence import Sequence, SequenceStatus
+
+# How fast waiting raises a request's priority: one priority level per second of waiting.
+AGING_PER_SECOND = 1.0
+
+
+@dataclass
+class SchedulerOutput:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def add(self, seq: Sequence, num_tokens: int) -> None:
+        self.seqs.append(seq)
+        self.num_new_tokens.append(num_tokens)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: BlockManager, clock: Clock) -> None:
+        self.config = config
+        self.kv = kv
+        self.clock = clock
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []  # admission order: oldest first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.times.queued = self.clock.now()
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Drop a finished or aborted sequence and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_batched_tokens
+        for seq in list(self.running):
+            if seq not in self.running:  # preempted earlier in this loop
+                continue
+            n = self._tokens_to_run(seq, budget, first=not out.seqs)
+            if n == 0:
+                continue
+            while not self.kv.allocate(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.add(seq, n)
+                budget -= n
+        if not out.preempted:
+            self._admit(out, budget)
+        return out
+
+    def _tokens_to_run(self, seq: Sequence, budget: int, first: bool) -> int:
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        if self.config.chunked_prefill:
+            return min(remaining, budget)
+        # Without chunking a prompt runs whole; a step's first one may exceed the budget.
+        return remaining if remaining <= budget or first else 0
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        now = self.clock.now()
+        order = sorted(
+            self.waiting, key=lambda s: (s.priority - AGING_PER_SECOND * (now - s.times.arrival), s.times.arrival)
+        )
+        oldest = min(self.waiting, key=lambda s: s.times.arrival, default=None)
+        starving = oldest is not None and now - oldest.times.arrival > self.config.starvation_s
+        if starving:  # the reserved slot: nobody overtakes the oldest waiter past the bound
+            order.remove(oldest)
+            order.insert(0, oldest)
+        for seq in order:
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            prefix = self.kv.find_cached_prefix(seq)
+            remaining = seq.num_tokens - len(prefix) * self.kv.block_size
+            n = min(remaining, budget) if self.config.chunked_prefill else remaining
+            fits = n <= budget or not out.seqs
+            if not fits or not self.kv.can_admit(prefix, n):
+                if starving and seq is oldest:
+                    break  # hold everything back until the oldest waiter fits
+                continue
+            self.kv.admit(seq, prefix)
+            assert self.kv.allocate(seq, n)
+            self.waiting.remove(seq)
+            self.running.append(seq)
+            seq.status = SequenceStatus.RUNNING
+            if seq.times.scheduled is None:
+                seq.times.scheduled = now
+            out.add(seq, n)
+            out.admitted.append(seq)
+            budget -= n
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Recompute-style preemption: drop the KV, requeue at the front, keep the tokens."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        seq.times.preempted.append(self.clock.now())
+        self.waiting.insert(0, seq)
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+
+
+class StaticScheduler(Scheduler):
+    """`paged=false`: form a batch, reserve prompt + max_tokens of contiguous KV for each member,
+    and run it to completion before the next batch forms; finished members leave idle slots."""
+
+    kv: ContiguousAllocator  # type: ignore[assignment]
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        if not self.running:
+            now = self.clock.now()
+            for seq in sorted(self.waiting, key=lambda s: s.times.arrival):
+                if len(self.running) >= self.config.max_num_seqs or not self.kv.allocate(seq, 0):
+                    break
+                self.waiting.remove(seq)
+                self.running.append(seq)
+                seq.status = SequenceStatus.RUNNING
+                seq.times.scheduled = now
+                out.admitted.append(seq)
+        for seq in self.running:
+            out.add(seq, seq.num_tokens - seq.num_computed_tokens)
+        return out

@@ -1,0 +1,109 @@
+"""A request's sequence: plain state that the scheduler, block manager and engine move along.
+
+`num_computed_tokens` is the one progress counter (vLLM v1's idea): prefill chunks, prefix-cache
+hits and decode steps all just move it toward `num_tokens`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestTimes:
+    """Clock readings for one request; metrics are computed from these, never guessed."""
+
+    arrival: float
+    queued: float | None = None
+    scheduled: float | None = None  # first time it entered a batch
+    first_token: float | None = None
+    tokens: list[float] = field(default_factory=list)  # one per output token
+    preempted: list[float] = field(default_factory=list)
+    finished: float | None = None
+    aborted: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.scheduled is None else self.scheduled - self.arrival
+
+    @property
+    def itl(self) -> list[float]:
+        return [b - a for a, b in zip(self.tokens, self.tokens[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        if self.first_token is None or len(self.tokens) < 2:
+            return None
+        return (self.tokens[-1] - self.first_token) / (len(self.tokens) - 1)
+
+    @property
+    def e2e(self) -> float | None:
+        end = self.finished if self.finished is not None else self.aborted
+        return None if end is None else end - self.arrival
+
+
+@dataclass
+class DetokenizerState:
+    """Offsets into output_token_ids for incremental decoding (see engine/detokenizer.py)."""
+
+    prefix_offset: int = 0
+    read_offset: int = 0
+
+
+@dataclass(eq=False)  # identity: two requests with equal fields are still two requests
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    times: RequestTimes
+    priority: int = 0  # lower runs sooner; waiting time raises it further
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    block_table: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
+    num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
+    num_preemptions: int = 0
+    # Detokenized output so far, and how much of it has been handed to the caller.
+    output_text: str = ""
+    num_text_emitted: int = 0
+    detok: DetokenizerState = field(default_factory=DetokenizerState)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, index: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
+
+    @property
+    def max_total_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REFERENCE = Path(__file__).parent / "reference" / "hf_greedy.json"
+
+
+@pytest.fixture(scope="session")
+def hf_reference() -> dict[str, Any]:
+    return json.loads(REFERENCE.read_text())
+
+
+@pytest.fixture(scope="session")
+def llm_fp32() -> Any:
+    """One float32 engine with default levers, shared by tests that don't change levers."""
+    from engine import LLM
+
+    return LLM(dtype="float32")

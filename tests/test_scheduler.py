@@ -1,0 +1,127 @@
+"""Scheduler decisions, driven without a model: a fake step appends a token to every sequence
+that caught up, as the runner would."""
+
+from __future__ import annotations
+
+from engine.block_manager import BlockManager
+from engine.clock import VirtualClock
+from engine.config import EngineConfig
+from engine.contiguous_allocator import ContiguousAllocator
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
+from engine.sequence import RequestTimes, Sequence
+
+BS = 4
+
+
+def seq(rid: str, prompt_len: int, clock: VirtualClock, max_tokens: int = 8) -> Sequence:
+    return Sequence(rid, [7] * prompt_len, SamplingParams(max_tokens=max_tokens), RequestTimes(arrival=clock.now()))
+
+
+def fake_step(sched: Scheduler) -> SchedulerOutput:
+    out = sched.schedule()
+    for s, n in zip(out.seqs, out.num_new_tokens):
+        s.num_computed_tokens += n
+        sched.kv.cache_full_blocks(s)
+        if s.num_computed_tokens == s.num_tokens:
+            s.output_token_ids.append(1)
+            if len(s.output_token_ids) >= s.params.max_tokens:
+                sched.remove(s)
+    return out
+
+
+def make(num_blocks: int = 64, clock: VirtualClock | None = None, **levers: object) -> Scheduler:
+    config = EngineConfig(block_size=BS, **levers)  # type: ignore[arg-type]
+    return Scheduler(config, BlockManager(num_blocks, BS, config.prefix_caching), clock or VirtualClock())
+
+
+def test_chunked_prefill_interleaves_with_decodes() -> None:
+    clock = VirtualClock()
+    sched = make(max_batched_tokens=16, prefix_caching=False)
+    short = seq("short", 3, clock)
+    sched.add(short)
+    fake_step(sched)  # short's prompt
+    long = seq("long", 40, clock)
+    sched.add(long)
+    out = fake_step(sched)
+    assert dict(zip([s.request_id for s in out.seqs], out.num_new_tokens)) == {"short": 1, "long": 15}
+    out = fake_step(sched)
+    assert out.num_new_tokens == [1, 15]
+    assert long.num_computed_tokens == 30 and not long.output_token_ids
+
+
+def test_without_chunking_a_prompt_waits_for_a_whole_budget() -> None:
+    clock = VirtualClock()
+    sched = make(max_batched_tokens=16, chunked_prefill=False, prefix_caching=False)
+    sched.add(seq("a", 3, clock))
+    fake_step(sched)
+    sched.add(seq("b", 40, clock))
+    out = fake_step(sched)
+    assert [s.request_id for s in out.seqs] == ["a"]  # 40 tokens do not fit beside a decode
+    sched.remove(sched.running[0])
+    out = fake_step(sched)
+    assert out.num_new_tokens == [40]  # alone in a step, a prompt may exceed the budget
+
+
+def test_preempts_newest_first_and_admits_nothing_that_step() -> None:
+    clock = VirtualClock()
+    sched = make(num_blocks=6, prefix_caching=False)
+    old, new = seq("old", 8, clock, max_tokens=30), seq("new", 8, clock, max_tokens=30)
+    sched.add(old)
+    sched.add(new)
+    fake_step(sched)  # each holds 2 blocks + its first token
+    sched.add(seq("late", 3, clock))
+    preempting = None
+    for _ in range(20):
+        out = fake_step(sched)
+        if out.preempted:
+            preempting = out
+            break
+    assert preempting is not None
+    assert [s.request_id for s in preempting.preempted] == ["new"]
+    assert not preempting.admitted
+    assert new.num_computed_tokens == 0 and new.block_table == [] and new.num_preemptions == 1
+    assert sched.waiting[0] is new
+
+
+def test_oldest_waiter_past_the_bound_is_not_overtaken() -> None:
+    clock = VirtualClock()
+    sched = make(num_blocks=8, clock=clock, prefix_caching=False, starvation_s=5.0, max_num_seqs=8)
+    resident = seq("resident", 16, clock, max_tokens=1000)
+    sched.add(resident)
+    fake_step(sched)  # holds 5 of 8 blocks
+    big = seq("big", 20, clock)  # needs 5 blocks: cannot fit beside the resident
+    sched.add(big)
+    clock.advance(1)
+    small = seq("small", 3, clock, max_tokens=2)
+    sched.add(small)
+    out = fake_step(sched)
+    assert small in out.admitted  # before the bound, a request that fits may skip ahead
+    for _ in range(3):
+        fake_step(sched)
+    clock.advance(10)  # big has now waited past the bound
+    late = seq("late", 3, clock, max_tokens=2)
+    sched.add(late)
+    for _ in range(3):
+        out = fake_step(sched)
+        assert late not in out.admitted  # the reserved slot: nobody overtakes big
+    sched.remove(resident)
+    out = fake_step(sched)
+    assert out.admitted[0] is big
+
+
+def test_static_batches_run_to_completion_before_the_next_forms() -> None:
+    clock = VirtualClock()
+    config = EngineConfig(block_size=BS, paged=False, max_num_seqs=2)
+    sched = StaticScheduler(config, ContiguousAllocator(64, BS), clock)  # type: ignore[arg-type]
+    a, b, c = seq("a", 5, clock, max_tokens=2), seq("b", 5, clock, max_tokens=6), seq("c", 5, clock)
+    for s in (a, b, c):
+        sched.add(s)
+    out = fake_step(sched)
+    assert out.admitted == [a, b] and out.num_new_tokens == [5, 5]
+    assert len(a.block_table) == 2 and len(b.block_table) == 3  # prompt + max_tokens reserved
+    while b in sched.running:
+        out = fake_step(sched)
+        assert c not in out.admitted
+    out = fake_step(sched)
+    assert out.admitted == [c]
