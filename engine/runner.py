@@ -17,7 +17,7 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_kv_heads, num_blocks, block_size, cfg.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
             for _ in range(cfg.num_layers)
@@ -27,7 +27,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the new token of every sequence whose known tokens are all computed."""
-        decodes = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n == 1]
+        # Decodes sorted by length, so that attention's gather groups pad little.
+        decodes = sorted(
+            ((s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n == 1), key=lambda d: d[0].num_computed_tokens
+        )
         prefills = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n > 1]
         input_ids, positions, attn = self._prepare(decodes, prefills)
         hidden = self.model(input_ids, positions, attn, self.kv_caches)

@@ -25,7 +25,7 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_of
 def paged_copy(k: torch.Tensor, v: torch.Tensor, block_size: int, num_blocks: int, gen: torch.Generator):
     """Scatter one sequence's K/V into shuffled blocks of a fresh cache."""
     length, kvh, d = k.shape
-    k_cache = torch.full((num_blocks, block_size, kvh, d), float("nan"))
+    k_cache = torch.full((kvh, num_blocks, block_size, d), float("nan"))
     v_cache = torch.full_like(k_cache, float("nan"))
     table = torch.randperm(num_blocks, generator=gen)[: -(-length // block_size)]
     pos = torch.arange(length)
@@ -44,7 +44,7 @@ def test_decode_matches_dense(lens: list[int], block_size: int, group: int, seed
     gen = torch.Generator().manual_seed(seed)
     kvh, d = 2, 16
     num_blocks = sum(-(-n // block_size) for n in lens) + 3
-    k_cache = torch.zeros(num_blocks, block_size, kvh, d)
+    k_cache = torch.zeros(kvh, num_blocks, block_size, d)
     v_cache = torch.zeros_like(k_cache)
     free = torch.randperm(num_blocks, generator=gen).tolist()
     tables, ks, vs = [], [], []

@@ -97,8 +97,8 @@ class Llama(nn.Module):
         cfg = self.cfg
         eps = cfg.rms_norm_eps
         h = F.embedding(input_ids, self.embed)
-        cos = self.rope_cos[positions].to(h.dtype)
-        sin = self.rope_sin[positions].to(h.dtype)
+        cos = self.rope_cos.index_select(0, positions).to(h.dtype)
+        sin = self.rope_sin.index_select(0, positions).to(h.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = F.rms_norm(h, (cfg.hidden_size,), layer.input_norm, eps)
             h = h + F.linear(self._attention(F.linear(x, layer.qkv), cos, sin, attn, k_cache, v_cache), layer.o)

