@@ -25,15 +25,21 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
+# vLLM's CPU guide asks for tcmalloc preloaded; ServeLab's bench gets the same allocator.
+TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+
+$(TCMALLOC):
+	apt-get install -y -qq libtcmalloc-minimal4 || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4)
+
 $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	$(PY) -m pip install -q -r requirements-bench.txt
 	touch $@
 
-bench-peers: $(BENCH_STAMP)
+bench-peers: $(BENCH_STAMP) $(TCMALLOC)
 	bash bench/peers_setup.sh
 
-bench: $(BENCH_STAMP)
-	$(PY) -m bench.engine_bench
+bench: $(BENCH_STAMP) $(TCMALLOC)
+	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.engine_bench
 
 record-reference: $(BENCH_STAMP)
 	$(PY) tests/reference/record_hf.py

@@ -90,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {}
     print(f"workload: {n} requests, prompts 50-400 tokens, {OUTPUT_TOKENS} output tokens, ignore_eos", flush=True)
+    print(
+        f"servelab LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}; vllm LD_PRELOAD={vllm_env().get('LD_PRELOAD', '')!r}"
+    )
     paged = run_servelab(True, n, max_num_seqs=n)
     results["servelab"] = paged
     print(f"servelab (paged, continuous): {paged['output_tok_s']} tok/s in {paged['seconds']} s", flush=True)

@@ -82,16 +82,6 @@ EOF
 # 5. Quick import check: catches a torch/vLLM mismatch here rather than mid-benchmark.
 "$PY" -c 'import importlib.metadata as m, torch, vllm; print("[peers_setup] vllm", m.version("vllm"), "torch", torch.__version__)' >&2
 
-# 6. vLLM's CPU docs ask for tcmalloc (and Intel OpenMP, which the wheel ships) preloaded:
-#    the bench preloads both when present, so the peer runs in its recommended configuration.
-if ! ldconfig -p | grep -q libtcmalloc_minimal.so.4; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; }
-  else
-    log "tcmalloc not installed (needs root): vLLM will run without it"
-  fi
-fi
-
-# 7. The HF export, with the main venv (it has the GGUF reader); skipped inside when complete.
+# 6. The HF export, with the main venv (it has the GGUF reader); skipped inside when complete.
 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$MAIN_PY" -m bench.export_hf
 log "done"

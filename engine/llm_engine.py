@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -29,6 +30,17 @@ from engine.sequence import RequestTimes, Sequence, SequenceStatus
 
 log = logging.getLogger("servelab.engine")
 
+
+def _make_startup_visible() -> None:
+    """The KV budget is printed at start even where the host application set up no logging."""
+    root = logging.getLogger("servelab")
+    if not root.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("servelab: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -48,6 +60,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, clock: Clock = WALL_CLOCK) -> None:
         self.config = config
         self.clock = clock
+        _make_startup_visible()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
@@ -59,7 +72,7 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or self.model_cfg.max_position, self.model_cfg.max_position)
         self.eos_token_ids = set(self.model_cfg.eos_token_ids or self.tokenizer.eos_token_ids)
         self.memory = plan_kv_blocks(config, self.model, self.dtype)
-        log.info(self.memory.describe())
+        log.info("%s, %s on %s. %s", Path(path).name, config.dtype, config.device, self.memory.describe())
         num_blocks = self.memory.num_blocks
         if config.paged:
             self.kv: BlockManager | ContiguousAllocator = BlockManager(
@@ -73,6 +86,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self._to_abort: set[str] = set()
         self.num_steps = 0
+        self.last_batch = SchedulerOutput()  # what the latest step ran, for stats and benchmarks
 
     # requests ---------------------------------------------------------------------------------
 
@@ -223,8 +237,6 @@ def _find_stop(text: str, stops: list[str]) -> int | None:
 
 
 def _load_tokenizer(path: str) -> ChatTokenizer:
-    from pathlib import Path
-
     p = Path(path)
     if p.is_dir():
         return tokenizer_from_folder(p)

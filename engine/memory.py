@@ -39,7 +39,8 @@ class MemoryPlan:
 def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> MemoryPlan:
     cfg = model.cfg
     elem = torch.finfo(dtype).bits // 8
-    weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+    unique = {id(p): p for p in model.parameters()}.values()  # the tied head counts once
+    weight_bytes = sum(p.numel() * p.element_size() for p in unique) + model.packed_bytes()
     # Widest per-token activations of one layer (qkv, gate/up, SwiGLU product, residuals), in
     # float32 to be safe, for a full token budget; plus float32 logits for every sampled row.
     per_token = 4 * (

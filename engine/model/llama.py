@@ -67,6 +67,13 @@ class DecoderLayer(nn.Module):
         self.post_norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size))
         self.down = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size))
+        self.packed: dict[str, torch.Tensor] = {}  # oneDNN-blocked copies, see Llama.prepack
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    return F.linear(x, weight)
 
 
 class Llama(nn.Module):
@@ -79,6 +86,24 @@ class Llama(nn.Module):
         self.lm_head = self.embed if cfg.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
         self.rope_cos = torch.empty(0)
         self.rope_sin = torch.empty(0)
+        self.packed_lm_head: torch.Tensor | None = None
+
+    def prepack(self) -> bool:
+        """bf16 on CPU: keep each matmul weight also in oneDNN's blocked layout, which ran decode
+        matmuls 1.2-1.6x faster here with bit-identical results. Returns whether it packed."""
+        weight = self.embed
+        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            return False
+        pack = torch.ops.mkldnn._reorder_linear_weight
+        for layer in self.layers:
+            layer.packed = {name: pack(getattr(layer, name).detach()) for name in ("qkv", "o", "gate_up", "down")}
+        self.packed_lm_head = pack(self.lm_head.detach())
+        return True
+
+    def packed_bytes(self) -> int:
+        tensors = [t for layer in self.layers for t in layer.packed.values()]
+        tensors += [self.packed_lm_head] if self.packed_lm_head is not None else []
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def init_rope(self, device: str | torch.device) -> None:
         cfg = self.cfg
@@ -100,16 +125,18 @@ class Llama(nn.Module):
         cos = self.rope_cos.index_select(0, positions).to(h.dtype)
         sin = self.rope_sin.index_select(0, positions).to(h.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            p = layer.packed
             x = F.rms_norm(h, (cfg.hidden_size,), layer.input_norm, eps)
-            h = h + F.linear(self._attention(F.linear(x, layer.qkv), cos, sin, attn, k_cache, v_cache), layer.o)
+            qkv = linear(x, layer.qkv, p.get("qkv"))
+            h = h + linear(self._attention(qkv, cos, sin, attn, k_cache, v_cache), layer.o, p.get("o"))
             x = F.rms_norm(h, (cfg.hidden_size,), layer.post_norm, eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = linear(x, layer.gate_up, p.get("gate_up")).chunk(2, dim=-1)
+            h = h + linear(F.silu(gate) * up, layer.down, p.get("down"))
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         x = F.rms_norm(hidden, (self.cfg.hidden_size,), self.norm, self.cfg.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        return linear(x, self.lm_head, self.packed_lm_head).float()
 
     def _attention(
         self,

@@ -35,6 +35,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str = "cpu") -> Lla
     model = model.to_empty(device=device)
     _assign(model, tensors, dtype)
     model.init_rope(device)  # buffers made on the meta device hold no values
+    model.prepack()
     return model.eval()
 
 
