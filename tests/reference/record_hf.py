@@ -33,11 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from engine.model.loader import read_gguf_metadata
 from engine.model.paths import default_gguf_path
-from tests.reference.gguf_tokenizer_check import (
-    TOKENIZER_CASES,
-    build_gguf_tokenizer,
-)
+from engine.model.tokenizer import tokenizer_from_gguf
 
 OUT_DEFAULT = Path(__file__).resolve().parent / "hf_greedy.json"
 MAX_NEW_TOKENS = 24
@@ -45,6 +43,32 @@ MAX_NEW_TOKENS = 24
 MARGIN_WARN = 0.5
 
 Message = dict[str, str]
+
+# Strings exercising the tokenizer only (no generation): whitespace runs, digits,
+# multi-byte UTF-8, special tokens written in the text, contractions.
+TOKENIZER_CASES: tuple[str, ...] = (
+    "",
+    " ",
+    "Hello world",
+    " Hello  world ",
+    "Don't you'll we've I'm it's THEY'LL",
+    "12345 6789 0.5 -3.25e10 1,000,000 $99.99 3rd 2024-03-17",
+    "x  =  [1,  22,   333]",
+    "\tif x:\n\t\ty = x[0]   +  10\n\n\n#",
+    "List:\n\n1. one\n2. two\n\n3. three",
+    "a  1 b\t\t2 c\n\n3 d \n4",
+    "naïve café résumé Ünïcödé façade jalapeño",
+    "日本語のテキスト。中文，한국어, Русский текст, العربية, עברית",
+    "Emoji 😀😃🍕☕🇫🇷👨‍👩‍👧 ⭐️ ❤️",
+    "x² + y³ = ½ Ⅻ ①",
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|>text after end<|endoftext|>",
+    "def f(a, b):\n    return a + b  # sum\n",
+    "    leading spaces and trailing spaces    ",
+    "\r\nWindows\r\nline endings\r\n",
+    "~!@#$%^&*()_+{}|:\"<>?`-=[]\\;',./",
+    "https://example.com/path?query=1&x=2#frag",
+)
 
 # ~200-token "system" text shared by the two prefix-caching prompts.
 SHARED_SYSTEM = (
@@ -293,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Where the upstream SmolLM2 / llama.cpp "smollm" pre-tokenizer (digits split off
     # first) would give other ids than transformers' GGUF tokenizer did.
-    split = build_gguf_tokenizer(gguf, split_digits=True)
+    split = tokenizer_from_gguf(read_gguf_metadata(gguf)["meta"]).tokenizer  # the engine's own
     for rec in records:
         rec["split_digits_ids_match"] = split.encode(rec["text"]).ids == rec["prompt_ids"]
     tok_cases: list[dict[str, Any]] = []

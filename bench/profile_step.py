@@ -1,0 +1,38 @@
+"""Where a step's time goes: torch-profiler tables for one prefill-heavy step and for batch-64
+decode steps of the benchmark workload. `make profile` (tcmalloc preloaded, as in `make bench`)."""
+
+from __future__ import annotations
+
+import sys
+
+from torch.profiler import profile
+
+from bench.workload import OUTPUT_TOKENS, make_workload
+from engine import LLM, SamplingParams
+
+
+def main() -> int:
+    llm = LLM(dtype="bfloat16", max_num_seqs=64)
+    engine = llm.engine
+    llm.generate(make_workload(8, 8, seed=1), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    params = SamplingParams(temperature=0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
+    for i, req in enumerate(make_workload()):
+        engine.add_request(f"p{i}", None, params, prompt_token_ids=req["prompt_token_ids"])
+    engine.step()
+    with profile() as prof:
+        engine.step()
+    batch = engine.last_batch
+    print(f"== one prefill step: {batch.num_tokens} tokens, {len(batch.seqs)} sequences ==")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
+    while engine.last_batch.num_tokens != 64:
+        engine.step()
+    with profile() as prof:
+        for _ in range(5):
+            engine.step()
+    print("== five decode steps, batch 64 ==")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
