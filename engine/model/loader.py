@@ -27,7 +27,7 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str = "cpu") -> Lla
     if path.is_dir():
         cfg, tensors = _read_hf_folder(path)
     elif path.is_file() and path.suffix == ".gguf":
-        cfg, tensors = _read_gguf(path)
+        cfg, tensors = read_gguf(path)
     else:
         raise ModelLoadError(f"no GGUF file or HF model folder at {str(path)!r}")
     with torch.device("meta"):
@@ -97,7 +97,8 @@ def read_gguf_metadata(path: Path) -> dict:
     return {"reader": reader, "meta": meta}
 
 
-def _read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """The model's config and its dequantized float32 tensors, Q/K rows in HF's order."""
     import gguf
 
     info = read_gguf_metadata(path)
