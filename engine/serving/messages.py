@@ -1,0 +1,64 @@
+"""What crosses the pipe between the front process and a replica: small picklable records.
+
+Replica -> front: one StepMessage per engine step carries every new token of every request
+on the replica, plus the stats the router needs (free slots and blocks) and a heartbeat time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+
+
+@dataclass
+class AddRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float | None = None
+
+
+@dataclass
+class AbortRequest:
+    request_id: str
+
+
+@dataclass
+class Drain:
+    """Admit nothing new; finish what is resident, then stop."""
+
+
+@dataclass
+class Stop:
+    """Stop now; resident requests end with an error."""
+
+
+@dataclass
+class TokenDelta:
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    times: dict[str, Any] | None = None  # the request's timestamps, on its last delta
+
+
+@dataclass
+class RequestError:
+    request_id: str
+    param: str | None
+    message: str
+
+
+@dataclass
+class StepMessage:
+    replica_id: int
+    time: float
+    deltas: list[TokenDelta] = field(default_factory=list)
+    errors: list[RequestError] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    state: str = "ready"  # starting, ready, draining, stopped, failed

@@ -1,0 +1,253 @@
+"""A replica is one engine in its own process (multiprocessing spawn), on the cores it owns.
+
+The child runs the engine's step loop and sends one StepMessage per step (every new token of
+every request on it) or, when idle, a heartbeat. The parent's ReplicaHandle turns those into
+per-request event queues, and notices a replica that died (its process sentinel) or got stuck
+(no message for heartbeat_timeout_s), failing its in-flight requests with an error."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import threading
+from typing import Any
+
+from engine.clock import WALL_CLOCK
+from engine.config import EngineConfig
+from engine.sampling_params import SamplingParams
+from engine.serving.messages import (
+    AbortRequest,
+    AddRequest,
+    Drain,
+    RequestError,
+    StepMessage,
+    Stop,
+    TokenDelta,
+)
+
+log = logging.getLogger("servelab.replica")
+
+STATES = ("starting", "ready", "draining", "stopped", "failed")
+
+
+def replica_main(
+    replica_id: int, config: EngineConfig, inbox: Any, outbox: Any, cores: list[int] | None, heartbeat_s: float
+) -> None:
+    """The child process: load the engine, then loop: take commands, step, report."""
+    from engine.errors import InvalidParamError
+    from engine.llm_engine import LLMEngine
+
+    clock = WALL_CLOCK
+    if cores:
+        os.sched_setaffinity(0, cores)
+        config = config.replace(num_threads=len(cores))
+    outbox.put(StepMessage(replica_id, clock.now(), state="starting"))
+    try:
+        engine = LLMEngine(config)
+    except Exception as exc:  # noqa: BLE001 - any load failure makes this replica failed
+        outbox.put(StepMessage(replica_id, clock.now(), state="failed", stats={"error": str(exc)}))
+        return
+    state = "ready"
+
+    def stats() -> dict[str, Any]:
+        return engine.stats() | {"max_num_seqs": config.max_num_seqs, "pid": os.getpid()}
+
+    outbox.put(StepMessage(replica_id, clock.now(), stats=stats(), state=state))
+    last_sent = clock.now()
+    while True:
+        commands = _take_commands(inbox, wait=0 if engine.has_work() else heartbeat_s)
+        errors: list[RequestError] = []
+        for cmd in commands:
+            if isinstance(cmd, AddRequest):
+                if state != "ready":
+                    errors.append(RequestError(cmd.request_id, None, f"replica {replica_id} is {state}"))
+                    continue
+                try:
+                    engine.add_request(
+                        cmd.request_id,
+                        None,
+                        cmd.params,
+                        prompt_token_ids=cmd.prompt_token_ids,
+                        arrival_time=cmd.arrival_time,
+                    )
+                except InvalidParamError as err:
+                    errors.append(RequestError(cmd.request_id, err.param, err.message))
+            elif isinstance(cmd, AbortRequest):
+                engine.abort(cmd.request_id)
+            elif isinstance(cmd, Drain):
+                state = "draining"
+            elif isinstance(cmd, Stop):
+                errors += [RequestError(rid, None, "replica stopped") for rid in engine.requests]
+                outbox.put(StepMessage(replica_id, clock.now(), errors=errors, stats=stats(), state="stopped"))
+                return
+        deltas = [_delta(out) for out in engine.step()] if engine.has_work() else []
+        if state == "draining" and not engine.has_work():
+            outbox.put(StepMessage(replica_id, clock.now(), deltas, errors, stats(), state="stopped"))
+            return
+        now = clock.now()
+        if deltas or errors or now - last_sent >= heartbeat_s:
+            outbox.put(StepMessage(replica_id, now, deltas, errors, stats(), state))
+            last_sent = now
+
+
+def _take_commands(inbox: Any, wait: float) -> list[Any]:
+    commands = []
+    try:
+        commands.append(inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait())
+        while True:
+            commands.append(inbox.get_nowait())
+    except queue.Empty:
+        pass
+    return commands
+
+
+def _delta(out: Any) -> TokenDelta:
+    seq = out.seq
+    times = None
+    if out.finished:
+        t = seq.times
+        times = {"arrival": t.arrival, "first_token": t.first_token, "tokens": t.tokens, "scheduled": t.scheduled}
+    return TokenDelta(
+        out.request_id,
+        out.new_token_ids,
+        out.new_text,
+        out.finished,
+        out.finish_reason,
+        seq.num_prompt_tokens,
+        seq.num_cached_tokens,
+        times,
+    )
+
+
+class ReplicaHandle:
+    """The front process's view of one replica: submit, abort, drain, and its latest stats."""
+
+    def __init__(
+        self,
+        replica_id: int,
+        config: EngineConfig,
+        cores: list[int] | None = None,
+        heartbeat_s: float = 0.25,
+        heartbeat_timeout_s: float = 2.0,
+    ) -> None:
+        ctx = mp.get_context("spawn")
+        self.replica_id = replica_id
+        self.config = config
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.state = "starting"
+        self.stats: dict[str, Any] = {}
+        self.error: str | None = None
+        self.num_token_messages = 0  # step messages that carried tokens
+        self._inbox = ctx.Queue()
+        self._outbox = ctx.Queue()
+        self._streams: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._ended = threading.Event()
+        self.process = ctx.Process(
+            target=replica_main,
+            args=(replica_id, config, self._inbox, self._outbox, cores, heartbeat_s),
+            name=f"servelab-replica-{replica_id}",
+            daemon=True,
+        )
+        self.process.start()
+        self.last_seen = WALL_CLOCK.now()
+        self._reader = threading.Thread(target=self._read_loop, name=f"replica-{replica_id}-reader", daemon=True)
+        self._reader.start()
+
+    # commands ---------------------------------------------------------------------------------
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> queue.Queue:
+        """Queue of events for this request: TokenDelta (the last one has finished=True) or a
+        RequestError, after which nothing more comes."""
+        events: queue.Queue = queue.Queue()
+        with self._lock:
+            if self.state != "ready":
+                events.put(RequestError(request_id, None, f"replica {self.replica_id} is {self.state}"))
+                return events
+            self._streams[request_id] = events
+        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, WALL_CLOCK.now()))
+        return events
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(AbortRequest(request_id))
+
+    def drain(self) -> None:
+        with self._lock:
+            if self.state == "ready":
+                self.state = "draining"
+        self._inbox.put(Drain())
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process.is_alive():
+            self._inbox.put(Stop())
+            self._ended.wait(timeout)
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+
+    def wait_ready(self, timeout: float = 120.0) -> bool:
+        self._ready.wait(timeout)
+        return self.state == "ready"
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    # the reader thread ------------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        while not self._ended.is_set():
+            try:
+                msg: StepMessage = self._outbox.get(timeout=0.05)
+            except queue.Empty:
+                self._check_alive()
+                continue
+            self.last_seen = WALL_CLOCK.now()
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: StepMessage) -> None:
+        self.num_token_messages += bool(msg.deltas)
+        with self._lock:
+            for delta in msg.deltas:
+                events = self._streams.get(delta.request_id)
+                if events is not None:
+                    events.put(delta)
+                    if delta.finished:
+                        del self._streams[delta.request_id]
+            for error in msg.errors:
+                events = self._streams.pop(error.request_id, None)
+                if events is not None:
+                    events.put(error)
+            if msg.stats:
+                self.stats = msg.stats
+            if msg.state == "failed":
+                self.error = msg.stats.get("error")
+            if not (self.state == "draining" and msg.state == "ready"):
+                self.state = msg.state
+        if msg.state in ("ready", "failed", "stopped"):
+            self._ready.set()
+        if msg.state in ("stopped", "failed"):
+            self._end(msg.state, self.error or f"replica {self.replica_id} {msg.state}")
+
+    def _check_alive(self) -> None:
+        if not self.process.is_alive():
+            self._end("failed", f"replica {self.replica_id} died (exit code {self.process.exitcode})")
+        elif self.state != "starting" and WALL_CLOCK.now() - self.last_seen > self.heartbeat_timeout_s:
+            self.process.kill()  # stuck: fail it loudly rather than wait on it
+            self._end("failed", f"replica {self.replica_id} sent nothing for {self.heartbeat_timeout_s:.1f} s")
+
+    def _end(self, state: str, reason: str) -> None:
+        with self._lock:
+            if self.state != "stopped":
+                self.state = state
+            streams, self._streams = self._streams, {}
+        for request_id, events in streams.items():
+            events.put(RequestError(request_id, None, reason))
+        if state == "failed":
+            log.warning(reason)
+        self._ready.set()
+        self._ended.set()
