@@ -159,16 +159,24 @@ class ReplicaHandle:
 
     # commands ---------------------------------------------------------------------------------
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> queue.Queue:
-        """Queue of events for this request: TokenDelta (the last one has finished=True) or a
-        RequestError, after which nothing more comes."""
-        events: queue.Queue = queue.Queue()
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        events: queue.Queue | None = None,
+        arrival_time: float | None = None,
+    ) -> queue.Queue:
+        """Queue of events for this request (the caller's, or a new one): TokenDelta (the last
+        one has finished=True) or a RequestError, after which nothing more comes."""
+        events = queue.Queue() if events is None else events
         with self._lock:
             if self.state != "ready":
                 events.put(RequestError(request_id, None, f"replica {self.replica_id} is {self.state}"))
                 return events
             self._streams[request_id] = events
-        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, WALL_CLOCK.now()))
+        arrival = WALL_CLOCK.now() if arrival_time is None else arrival_time
+        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, arrival))
         return events
 
     def abort(self, request_id: str) -> None:

@@ -1,0 +1,170 @@
+"""The router: admission in one place, one central queue, and dispatch to replicas with room.
+
+submit() checks everything cheap before any expensive work (key, rate limit, context length)
+and either queues the request or refuses it. A dispatcher thread commits the queue's head to a
+ready replica only when that replica has room (a free batch slot, KV blocks for the prompt and
+nothing waiting inside it), preferring the replica that already caches the longest prefix of
+the prompt, so no request waits in one replica's inbox while another sits idle."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from engine.block_manager import blocks_for, chain_hash
+from engine.clock import WALL_CLOCK, Clock
+from engine.sampling_params import SamplingParams
+from engine.serving.messages import RequestError
+from engine.serving.rate_limit import RateLimiter
+from engine.serving.replica import ReplicaHandle
+from engine.serving.request_queue import QueuedRequest, RequestQueue
+
+log = logging.getLogger("servelab.router")
+
+PREFIX_MEMORY = 20_000  # block hashes remembered per replica for prefix-aware routing
+
+
+class AdmissionError(Exception):
+    """A refusal before queueing: status is the HTTP status the API answers with."""
+
+    def __init__(
+        self, status: int, reason: str, message: str, param: str | None = None, retry_after_s: int | None = None
+    ):
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class RouterConfig:
+    queue_cap: int = 64
+    deadline_s: float | None = 30.0
+    rate_limit: float | None = None  # requests/s per API key
+    api_keys: list[str] = field(default_factory=list)  # empty: the API is open
+    block_size: int = 16
+    max_model_len: int = 8192
+
+
+class Router:
+    def __init__(self, replicas: list[ReplicaHandle], config: RouterConfig, clock: Clock = WALL_CLOCK) -> None:
+        self.replicas = replicas
+        self.config = config
+        self.clock = clock
+        self.queue = RequestQueue(config.queue_cap, config.deadline_s, clock)
+        self.limiter = RateLimiter(config.rate_limit, clock)
+        self.rejected: dict[str, int] = {}
+        self.max_depth_seen = 0
+        self._prefixes: dict[int, OrderedDict[bytes, None]] = {r.replica_id: OrderedDict() for r in replicas}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._dispatch_loop, name="router-dispatch", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, api_key: str | None = None
+    ) -> queue.Queue:
+        """Admit or refuse (AdmissionError); an admitted request's events arrive on the returned
+        queue: TokenDelta, or one RequestError (deadline, failed replica) that ends it."""
+        if self.config.api_keys and api_key not in self.config.api_keys:
+            raise self._refuse(401, "unauthorized", "missing or invalid API key")
+        wait = self.limiter.check(api_key or "")
+        if wait > 0:
+            raise self._refuse(429, "rate_limited", "rate limit exceeded", retry_after_s=max(1, round(wait + 0.5)))
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.config.max_model_len:
+            raise self._refuse(
+                400,
+                "too_long",
+                f"prompt + max_tokens is {total} tokens; the context holds {self.config.max_model_len}",
+                param="max_tokens",
+            )
+        events: queue.Queue = queue.Queue()
+        with self._lock:
+            admission = self.queue.offer(QueuedRequest(request_id, prompt_token_ids, params, payload=events))
+            self.max_depth_seen = max(self.max_depth_seen, len(self.queue))
+        if not admission.admitted:
+            raise self._refuse(429, "queue_full", "the request queue is full", retry_after_s=admission.retry_after_s)
+        self._wake.set()
+        return events
+
+    def abort(self, request_id: str) -> None:
+        """The client went away: drop it from the queue, or abort it on its replica."""
+        with self._lock:
+            if self.queue.remove(request_id) is not None:
+                return
+        for replica in self.replicas:
+            replica.abort(request_id)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(5)
+
+    # dispatch ---------------------------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(0.01)  # replicas free room without telling us: poll briefly
+            self._wake.clear()
+            with self._lock:
+                for expired in self.queue.take_expired():
+                    self._count("deadline")
+                    expired.payload.put(RequestError(expired.request_id, None, "deadline passed while queued"))
+                while (head := self.queue.peek()) is not None:
+                    replica = self._pick(head)
+                    if replica is None:
+                        break
+                    self.queue.pop()
+                    self._remember_prefix(replica, head)
+                    replica.submit(head.request_id, head.prompt_token_ids, head.params, events=head.payload)
+
+    def _pick(self, request: QueuedRequest) -> ReplicaHandle | None:
+        hashes = self._block_hashes(request.prompt_token_ids)
+        best, best_key = None, None
+        for replica in self.replicas:
+            if not self._has_room(replica, request):
+                continue
+            known = self._prefixes[replica.replica_id]
+            cached = next((i for i, h in enumerate(hashes) if h not in known), len(hashes))
+            key = (cached, -replica.num_in_flight)
+            if best_key is None or key > best_key:
+                best, best_key = replica, key
+        return best
+
+    def _has_room(self, replica: ReplicaHandle, request: QueuedRequest) -> bool:
+        stats = replica.stats
+        if replica.state != "ready" or not stats:
+            return False
+        if replica.num_in_flight >= stats["max_num_seqs"] or stats["waiting"] > 0:
+            return False
+        free_blocks = stats["kv_total_blocks"] - stats["kv_used_blocks"]
+        return blocks_for(len(request.prompt_token_ids) + 1, self.config.block_size) <= free_blocks
+
+    def _block_hashes(self, token_ids: list[int]) -> list[bytes]:
+        bs, hashes, parent = self.config.block_size, [], b""
+        for i in range(len(token_ids) // bs):
+            parent = chain_hash(parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+            hashes.append(parent)
+        return hashes
+
+    def _remember_prefix(self, replica: ReplicaHandle, request: QueuedRequest) -> None:
+        known = self._prefixes[replica.replica_id]
+        for h in self._block_hashes(request.prompt_token_ids):
+            known[h] = None
+            known.move_to_end(h)
+        while len(known) > PREFIX_MEMORY:
+            known.popitem(last=False)
+
+    def _refuse(self, status: int, reason: str, message: str, **kwargs: object) -> AdmissionError:
+        self._count(reason)
+        return AdmissionError(status, reason, message, **kwargs)  # type: ignore[arg-type]
+
+    def _count(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1

@@ -1,0 +1,96 @@
+"""The router over real replica processes: overload, deadlines, prefix-aware routing, and the
+cheap refusals (key, rate limit, context) that come before any queueing."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+
+from engine.clock import VirtualClock
+from engine.config import EngineConfig
+from engine.sampling_params import SamplingParams
+from engine.serving.messages import RequestError
+from engine.serving.replica import ReplicaHandle
+from engine.serving.router import AdmissionError, Router, RouterConfig
+
+SHORT = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+def finish(events: queue.Queue, timeout: float = 120.0) -> list:
+    got = []
+    while True:
+        event = events.get(timeout=timeout)
+        got.append(event)
+        if isinstance(event, RequestError) or event.finished:
+            return got
+
+
+@pytest.fixture(scope="module")
+def replicas() -> list[ReplicaHandle]:
+    handles = [ReplicaHandle(i, EngineConfig(dtype="bfloat16", max_num_seqs=2), cores=[i % 2]) for i in range(2)]
+    for handle in handles:
+        assert handle.wait_ready(), handle.error
+    yield handles
+    for handle in handles:
+        handle.stop()
+
+
+def test_overload_refuses_with_varied_retry_after_and_completes_the_admitted(replicas: list[ReplicaHandle]) -> None:
+    router = Router(replicas[:1], RouterConfig(queue_cap=4, deadline_s=None))
+    admitted, waits = [], []
+    for i in range(20):
+        try:
+            admitted.append(router.submit(f"flood-{i}", [100 + i] * 40, SHORT))
+        except AdmissionError as err:
+            assert err.status == 429 and err.reason == "queue_full"
+            waits.append(err.retry_after_s)
+    assert waits and all(isinstance(w, int) and w >= 1 for w in waits)
+    assert len(set(waits)) > 1
+    assert router.max_depth_seen <= 4
+    for events in admitted:
+        assert finish(events)[-1].finish_reason == "length"
+    router.close()
+
+
+def test_expired_requests_never_reach_a_replica(replicas: list[ReplicaHandle]) -> None:
+    router = Router(replicas[:1], RouterConfig(queue_cap=10, deadline_s=0.3))
+    long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    running = [router.submit(f"busy-{i}", [200 + i] * 30, long) for i in range(2)]  # fill both slots
+    queued = [router.submit(f"late-{i}", [300 + i] * 30, SHORT) for i in range(3)]
+    for events in queued:
+        outcome = finish(events)
+        assert len(outcome) == 1 and isinstance(outcome[0], RequestError) and "deadline" in outcome[0].message
+    assert router.rejected["deadline"] == 3
+    for events in running:
+        assert finish(events)[-1].finish_reason == "length"
+    router.close()
+
+
+def test_shared_prefix_goes_to_the_replica_that_caches_it(replicas: list[ReplicaHandle]) -> None:
+    router = Router(replicas, RouterConfig(queue_cap=10, deadline_s=None))
+    preamble = list(range(1000, 1064))  # four full blocks
+    first = finish(router.submit("pre-0", preamble + [5, 6, 7], SHORT))
+    assert first[-1].num_cached_tokens == 0
+    for i in range(1, 4):
+        deltas = finish(router.submit(f"pre-{i}", preamble + [8 + i], SHORT))
+        assert deltas[-1].num_cached_tokens == 64  # it landed where the preamble is cached
+    router.close()
+
+
+def test_cheap_refusals_come_before_the_queue() -> None:
+    clock = VirtualClock()
+    router = Router([], RouterConfig(api_keys=["k1"], rate_limit=1.0, max_model_len=100), clock)
+    with pytest.raises(AdmissionError) as err:
+        router.submit("a", [1], SHORT, api_key="wrong")
+    assert err.value.status == 401
+    router.submit("b", [1], SHORT, api_key="k1")
+    with pytest.raises(AdmissionError) as err:
+        router.submit("c", [1], SHORT, api_key="k1")
+    assert err.value.status == 429 and err.value.reason == "rate_limited" and err.value.retry_after_s >= 1
+    clock.advance(1.0)
+    with pytest.raises(AdmissionError) as err:
+        router.submit("d", [1] * 95, SHORT, api_key="k1")
+    assert err.value.status == 400 and err.value.param == "max_tokens"
+    assert len(router.queue) == 1 and router.rejected == {"unauthorized": 1, "rate_limited": 1, "too_long": 1}
+    router.close()
