@@ -50,9 +50,6 @@ class Scheduler:
         seq.times.queued = self.clock.now()
         self.waiting.append(seq)
 
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence and free its blocks."""
         if seq in self.running:
