@@ -11,6 +11,7 @@ from engine.clock import VirtualClock
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from engine.serving.messages import RequestError
+from engine.serving.metrics import MetricsBus
 from engine.serving.replica import ReplicaHandle
 from engine.serving.router import AdmissionError, Router, RouterConfig
 
@@ -38,6 +39,8 @@ def replicas() -> list[ReplicaHandle]:
 
 def test_overload_refuses_with_varied_retry_after_and_completes_the_admitted(replicas: list[ReplicaHandle]) -> None:
     router = Router(replicas[:1], RouterConfig(queue_cap=4, deadline_s=None))
+    bus = MetricsBus()
+    replicas[0].on_message = bus.observe
     admitted, waits = [], []
     for i in range(20):
         try:
@@ -50,6 +53,11 @@ def test_overload_refuses_with_varied_retry_after_and_completes_the_admitted(rep
     assert router.max_depth_seen <= 4
     for events in admitted:
         assert finish(events)[-1].finish_reason == "length"
+    replicas[0].on_message = None
+    assert bus.generation_tokens == SHORT.max_tokens * len(admitted)
+    assert bus.histograms["time_to_first_token_seconds"].count == len(admitted)
+    text = bus.prometheus_text("smollm2", len(router.queue), router.rejected)
+    assert f'servelab_rejected_requests_total{{reason="queue_full"}} {len(waits)}' in text
     router.close()
 
 

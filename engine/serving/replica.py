@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from engine.clock import WALL_CLOCK
@@ -131,8 +132,10 @@ class ReplicaHandle:
         cores: list[int] | None = None,
         heartbeat_s: float = 0.25,
         heartbeat_timeout_s: float = 2.0,
+        on_message: Callable[[StepMessage], None] | None = None,
     ) -> None:
         ctx = mp.get_context("spawn")
+        self.on_message = on_message  # the metrics bus listens here
         self.replica_id = replica_id
         self.config = config
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -219,6 +222,8 @@ class ReplicaHandle:
 
     def _dispatch(self, msg: StepMessage) -> None:
         self.num_token_messages += bool(msg.deltas)
+        if self.on_message is not None:
+            self.on_message(msg)
         with self._lock:
             for delta in msg.deltas:
                 events = self._streams.get(delta.request_id)

@@ -1,0 +1,157 @@
+"""The metrics bus: replica step messages in; Prometheus text and live snapshots out.
+
+Names follow vLLM's where the concept is the same (DESIGN.md), so dashboards and autoscaling
+rules written for vLLM work; ServeLab's own are `servelab_*`. Latencies are computed from the
+engine's recorded timestamps, never estimated."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import deque
+from typing import Any
+
+from engine.clock import WALL_CLOCK, Clock
+from engine.serving.messages import StepMessage
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+WINDOW_S = 30.0  # sliding window for the live percentiles and rates
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def lines(self, name: str, label: str) -> list[str]:
+        out, cumulative = [f"# TYPE {name} histogram"], 0
+        for bound, count in zip(self.buckets, self.counts):
+            cumulative += count
+            out.append(f'{name}_bucket{{{label},le="{bound}"}} {cumulative}')
+        out.append(f'{name}_bucket{{{label},le="+Inf"}} {self.count}')
+        return out + [f"{name}_sum{{{label}}} {self.total}", f"{name}_count{{{label}}} {self.count}"]
+
+
+class MetricsBus:
+    def __init__(self, clock: Clock = WALL_CLOCK) -> None:
+        self.clock = clock
+        self.histograms = {
+            name: Histogram()
+            for name in (
+                "time_to_first_token_seconds",
+                "inter_token_latency_seconds",
+                "e2e_request_latency_seconds",
+                "request_queue_time_seconds",
+            )
+        }
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.wasted_tokens = 0  # generated for requests that were then cancelled
+        self.replica_stats: dict[int, dict[str, Any]] = {}
+        self.replica_states: dict[int, str] = {}
+        self._recent_ttft: deque[tuple[float, float]] = deque()
+        self._recent_itl: deque[tuple[float, float]] = deque()
+        self._recent_tokens: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
+
+    def observe(self, msg: StepMessage) -> None:
+        """Called for every message a replica sends (from its handle's reader thread)."""
+        with self._lock:
+            self.replica_states[msg.replica_id] = msg.state
+            if msg.stats:
+                self.replica_stats[msg.replica_id] = msg.stats
+            produced = sum(len(d.token_ids) for d in msg.deltas)
+            self.generation_tokens += produced
+            if produced:
+                self._recent_tokens.append((msg.time, produced))
+            for delta in msg.deltas:
+                if delta.finished and delta.finish_reason == "abort" and delta.times:
+                    self.wasted_tokens += len(delta.times["tokens"])
+                if delta.finished and delta.times:
+                    self._finish(delta.num_prompt_tokens, delta.times, msg.time)
+
+    def _finish(self, prompt_tokens: int, times: dict[str, Any], now: float) -> None:
+        self.prompt_tokens += prompt_tokens
+        h = self.histograms
+        h["e2e_request_latency_seconds"].observe(now - times["arrival"])
+        if times["scheduled"] is not None:
+            h["request_queue_time_seconds"].observe(times["scheduled"] - times["arrival"])
+        if times["first_token"] is not None:
+            ttft = times["first_token"] - times["arrival"]
+            h["time_to_first_token_seconds"].observe(ttft)
+            self._recent_ttft.append((now, ttft))
+        for a, b in zip(times["tokens"], times["tokens"][1:]):
+            h["inter_token_latency_seconds"].observe(b - a)
+            self._recent_itl.append((now, b - a))
+
+    def snapshot(self, queue_depth: int = 0, rejected: dict[str, int] | None = None) -> dict[str, Any]:
+        """The live stream's view: totals across replicas and percentiles over the window."""
+        now = self.clock.now()
+        with self._lock:
+            for window in (self._recent_ttft, self._recent_itl, self._recent_tokens):
+                while window and now - window[0][0] > WINDOW_S:
+                    window.popleft()
+            stats = list(self.replica_stats.values())
+            ttft = sorted(v for _, v in self._recent_ttft)
+            itl = sorted(v for _, v in self._recent_itl)
+            span = min(WINDOW_S, max(1e-3, now - self._recent_tokens[0][0])) if self._recent_tokens else 1.0
+            states: dict[str, int] = {}
+            for state in self.replica_states.values():
+                states[state] = states.get(state, 0) + 1
+            return {
+                "time": now,
+                "queue_depth": queue_depth,
+                "running": sum(s.get("running", 0) for s in stats),
+                "waiting": sum(s.get("waiting", 0) for s in stats),
+                "kv_used_blocks": sum(s.get("kv_used_blocks", 0) for s in stats),
+                "kv_total_blocks": sum(s.get("kv_total_blocks", 0) for s in stats),
+                "ttft_p50": _percentile(ttft, 50),
+                "ttft_p99": _percentile(ttft, 99),
+                "itl_p50": _percentile(itl, 50),
+                "itl_p99": _percentile(itl, 99),
+                "tokens_per_s": sum(n for _, n in self._recent_tokens) / span,
+                "replicas": states,
+                "rejected": dict(rejected or {}),
+                "preempted": sum(s.get("num_preemptions", 0) for s in stats),
+            }
+
+    def prometheus_text(self, model: str, queue_depth: int = 0, rejected: dict[str, int] | None = None) -> str:
+        snap = self.snapshot(queue_depth, rejected)
+        label = f'model_name="{model}"'
+        total = snap["kv_total_blocks"]
+        lines = [
+            f"vllm:num_requests_running{{{label}}} {snap['running']}",
+            f"vllm:num_requests_waiting{{{label}}} {snap['waiting'] + queue_depth}",
+            f"vllm:kv_cache_usage_perc{{{label}}} {snap['kv_used_blocks'] / total if total else 0.0}",
+            f"vllm:prompt_tokens_total{{{label}}} {self.prompt_tokens}",
+            f"vllm:generation_tokens_total{{{label}}} {self.generation_tokens}",
+            f"vllm:num_preemptions_total{{{label}}} {snap['preempted']}",
+        ]
+        with self._lock:
+            stats = list(self.replica_stats.values())
+            lines.append(
+                f"vllm:prefix_cache_queries_total{{{label}}} {sum(s.get('prefix_cache_queries', 0) for s in stats)}"
+            )
+            lines.append(f"vllm:prefix_cache_hits_total{{{label}}} {sum(s.get('prefix_cache_hits', 0) for s in stats)}")
+            for name, histogram in self.histograms.items():
+                lines += histogram.lines(f"vllm:{name}", label)
+        for reason, count in sorted(snap["rejected"].items()):
+            lines.append(f'servelab_rejected_requests_total{{reason="{reason}"}} {count}')
+        for state, count in sorted(snap["replicas"].items()):
+            lines.append(f'servelab_replicas{{state="{state}"}} {count}')
+        lines.append(f"servelab_wasted_tokens_total {self.wasted_tokens}")
+        return "\n".join(lines) + "\n"
+
+
+def _percentile(sorted_values: list[float], pct: float) -> float | None:
+    if not sorted_values:
+        return None
+    index = min(len(sorted_values) - 1, round(pct / 100 * (len(sorted_values) - 1)))
+    return sorted_values[index]

@@ -1,0 +1,47 @@
+"""The metrics bus on synthetic step messages: vLLM's metric names, latencies from timestamps."""
+
+from __future__ import annotations
+
+from engine.clock import VirtualClock
+from engine.serving.messages import StepMessage, TokenDelta
+from engine.serving.metrics import MetricsBus
+
+
+def delta(rid: str, n: int, finished: bool = False, reason: str | None = None, times: dict | None = None) -> TokenDelta:
+    return TokenDelta(rid, list(range(n)), "x" * n, finished, reason, 10, 0, times)
+
+
+def test_latencies_counters_and_prometheus_names() -> None:
+    clock = VirtualClock(100.0)
+    bus = MetricsBus(clock)
+    stats = {
+        "running": 2,
+        "waiting": 1,
+        "kv_used_blocks": 30,
+        "kv_total_blocks": 120,
+        "num_preemptions": 3,
+        "prefix_cache_queries": 200,
+        "prefix_cache_hits": 64,
+    }
+    bus.observe(StepMessage(0, 100.0, [delta("a", 1), delta("b", 1)], stats=stats))
+    times = {"arrival": 99.0, "scheduled": 99.25, "first_token": 99.5, "tokens": [99.5, 99.75, 100.0]}
+    bus.observe(StepMessage(0, 100.0, [delta("a", 2, True, "length", times)], stats=stats))
+    aborted = {"arrival": 99.0, "scheduled": 99.125, "first_token": 99.25, "tokens": [99.25, 99.5]}
+    bus.observe(StepMessage(1, 100.0, [delta("b", 0, True, "abort", aborted)], stats={}, state="draining"))
+    snap = bus.snapshot(queue_depth=4, rejected={"queue_full": 2})
+    assert snap["running"] == 2 and snap["kv_used_blocks"] == 30 and snap["queue_depth"] == 4
+    assert snap["ttft_p50"] == 0.25 and snap["ttft_p99"] == 0.5 and snap["itl_p99"] == 0.25
+    assert snap["replicas"] == {"ready": 1, "draining": 1}
+    text = bus.prometheus_text("smollm2", queue_depth=4, rejected={"queue_full": 2})
+    assert 'vllm:num_requests_running{model_name="smollm2"} 2' in text
+    assert 'vllm:num_requests_waiting{model_name="smollm2"} 5' in text
+    assert 'vllm:kv_cache_usage_perc{model_name="smollm2"} 0.25' in text
+    assert 'vllm:generation_tokens_total{model_name="smollm2"} 4' in text
+    assert 'vllm:prompt_tokens_total{model_name="smollm2"} 20' in text
+    assert 'vllm:prefix_cache_hits_total{model_name="smollm2"} 64' in text
+    assert 'vllm:time_to_first_token_seconds_bucket{model_name="smollm2",le="0.25"} 1' in text
+    assert 'vllm:time_to_first_token_seconds_count{model_name="smollm2"} 2' in text
+    assert 'vllm:inter_token_latency_seconds_count{model_name="smollm2"} 3' in text
+    assert 'vllm:request_queue_time_seconds_sum{model_name="smollm2"} 0.375' in text
+    assert 'servelab_rejected_requests_total{reason="queue_full"} 2' in text
+    assert "servelab_wasted_tokens_total 2" in text
