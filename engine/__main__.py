@@ -1,4 +1,5 @@
-"""`python -m engine generate --prompt ...`: stream one completion from the offline engine.
+"""`python -m engine serve --replicas N --port P`: the OpenAI-compatible API over replica processes.
+`python -m engine generate --prompt ...`: stream one completion from the offline engine.
 
 Every EngineConfig lever is a flag (`--kv-budget-mb 64`, `--paged false`, ...)."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import typing
 
@@ -33,9 +35,22 @@ def _parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _levers(args: argparse.Namespace) -> dict:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engine")
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible API over replica processes")
+    serve.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    serve.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+    serve.add_argument("--replicas", type=int, default=1)
+    serve.add_argument("--queue-cap", type=int, default=64)
+    serve.add_argument("--deadline-s", type=float, default=30.0)
+    serve.add_argument("--rate-limit", type=float, default=None, help="requests/s per API key")
+    serve.add_argument("--drain-timeout-s", type=float, default=30.0)
+    add_lever_flags(serve)
     gen = sub.add_parser("generate", help="stream a completion for one prompt")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
@@ -44,14 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     add_lever_flags(gen)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.command == "serve":
+        from engine.serving.server import serve_forever
+
+        return serve_forever(args, _levers(args))
 
     from engine.errors import InvalidParamError
     from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
-    levers = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)}
     try:
-        engine = LLMEngine(EngineConfig(**levers))
+        engine = LLMEngine(EngineConfig(**_levers(args)))
         prompt = args.prompt
         if args.chat:
             prompt = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])

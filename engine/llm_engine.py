@@ -20,9 +20,9 @@ from engine.contiguous_allocator import ContiguousAllocator
 from engine.detokenizer import detokenize_step
 from engine.errors import InvalidParamError
 from engine.memory import plan_kv_blocks
-from engine.model.loader import load_model, read_gguf_metadata
+from engine.model.loader import load_model
 from engine.model.paths import default_gguf_path
-from engine.model.tokenizer import ChatTokenizer, tokenizer_from_folder, tokenizer_from_gguf
+from engine.model.tokenizer import load_tokenizer
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
@@ -67,7 +67,7 @@ class LLMEngine:
         path = config.model or str(default_gguf_path())
         self.dtype = DTYPES[config.dtype]
         self.model = load_model(path, self.dtype, config.device)
-        self.tokenizer = _load_tokenizer(path)
+        self.tokenizer = load_tokenizer(path)
         self.model_cfg = self.model.cfg
         self.max_model_len = min(config.max_model_len or self.model_cfg.max_position, self.model_cfg.max_position)
         self.eos_token_ids = set(self.model_cfg.eos_token_ids or self.tokenizer.eos_token_ids)
@@ -234,10 +234,3 @@ class LLMEngine:
 def _find_stop(text: str, stops: list[str]) -> int | None:
     hits = [i for i in (text.find(s) for s in stops) if i >= 0]
     return min(hits) if hits else None
-
-
-def _load_tokenizer(path: str) -> ChatTokenizer:
-    p = Path(path)
-    if p.is_dir():
-        return tokenizer_from_folder(p)
-    return tokenizer_from_gguf(read_gguf_metadata(p)["meta"])

@@ -7,7 +7,6 @@ rotate-half RoPE serves both formats, as transformers does.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 
@@ -16,10 +15,10 @@ import torch
 from tqdm import tqdm
 
 from engine.errors import ModelLoadError
+from engine.model.gguf_file import read_gguf_metadata
 from engine.model.llama import Llama, LlamaConfig
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-log = logging.getLogger("servelab.loader")
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: str = "cpu") -> Llama:
@@ -79,22 +78,6 @@ _GGUF_NAMES = {
     "ffn_up": "up",
     "ffn_down": "down",
 }
-
-
-def read_gguf_metadata(path: Path) -> dict:
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:  # a truncated or foreign file
-        raise ModelLoadError(f"{path.name} is not a readable GGUF file: {exc}") from exc
-    meta = {}
-    for key, f in reader.fields.items():
-        try:
-            meta[key] = f.contents()
-        except (ValueError, TypeError, IndexError):  # field types this engine never reads
-            log.debug("skipping GGUF field %s", key)
-    return {"reader": reader, "meta": meta}
 
 
 def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:

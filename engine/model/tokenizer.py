@@ -116,3 +116,15 @@ def tokenizer_from_folder(path: Path) -> ChatTokenizer:
     eos = token("eos_token")
     eos_id = tok.token_to_id(eos) if eos else None
     return ChatTokenizer(tok, template, token("bos_token"), eos, [] if eos_id is None else [eos_id])
+
+
+def load_tokenizer(path: str | Path) -> ChatTokenizer:
+    """The tokenizer of a GGUF file or HF folder (torch-free: the API front uses it)."""
+    from engine.model.gguf_file import read_gguf_metadata
+
+    p = Path(path)
+    if p.is_dir():
+        return tokenizer_from_folder(p)
+    if not p.is_file():
+        raise ModelLoadError(f"no GGUF file or HF model folder at {str(p)!r}")
+    return tokenizer_from_gguf(read_gguf_metadata(p)["meta"])

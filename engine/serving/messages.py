@@ -55,6 +55,16 @@ class RequestError:
 
 
 @dataclass
+class Heartbeat:
+    """Sent by a replica's heartbeat thread every heartbeat_s, even mid-step: silence means the
+    process is frozen; a step_started long ago means its loop is stuck."""
+
+    replica_id: int
+    time: float
+    step_started: float | None
+
+
+@dataclass
 class StepMessage:
     replica_id: int
     time: float

@@ -3,7 +3,9 @@
 The child runs the engine's step loop and sends one StepMessage per step (every new token of
 every request on it) or, when idle, a heartbeat. The parent's ReplicaHandle turns those into
 per-request event queues, and notices a replica that died (its process sentinel) or got stuck
-(no message for heartbeat_timeout_s), failing its in-flight requests with an error."""
+(no heartbeat for heartbeat_timeout_s, or one step running past step_timeout_s), failing its
+in-flight requests with an error. A heartbeat thread in the child keeps talking during long steps,
+so a slow step on a busy CPU is not mistaken for a frozen process."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import multiprocessing as mp
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +25,7 @@ from engine.serving.messages import (
     AbortRequest,
     AddRequest,
     Drain,
+    Heartbeat,
     RequestError,
     StepMessage,
     Stop,
@@ -57,6 +61,10 @@ def replica_main(
 
     outbox.put(StepMessage(replica_id, clock.now(), stats=stats(), state=state))
     last_sent = clock.now()
+    progress: dict[str, float | None] = {"step_started": None}
+    threading.Thread(
+        target=_heartbeats, args=(replica_id, outbox, progress, heartbeat_s), name="heartbeat", daemon=True
+    ).start()
     while True:
         commands = _take_commands(inbox, wait=0 if engine.has_work() else heartbeat_s)
         errors: list[RequestError] = []
@@ -83,7 +91,11 @@ def replica_main(
                 errors += [RequestError(rid, None, "replica stopped") for rid in engine.requests]
                 outbox.put(StepMessage(replica_id, clock.now(), errors=errors, stats=stats(), state="stopped"))
                 return
-        deltas = [_delta(out) for out in engine.step()] if engine.has_work() else []
+        deltas = []
+        if engine.has_work():
+            progress["step_started"] = clock.now()
+            deltas = [_delta(out) for out in engine.step()]
+            progress["step_started"] = None
         if state == "draining" and not engine.has_work():
             outbox.put(StepMessage(replica_id, clock.now(), deltas, errors, stats(), state="stopped"))
             return
@@ -91,6 +103,12 @@ def replica_main(
         if deltas or errors or now - last_sent >= heartbeat_s:
             outbox.put(StepMessage(replica_id, now, deltas, errors, stats(), state))
             last_sent = now
+
+
+def _heartbeats(replica_id: int, outbox: Any, progress: dict[str, float | None], every_s: float) -> None:
+    while True:
+        outbox.put(Heartbeat(replica_id, WALL_CLOCK.now(), progress["step_started"]))
+        time.sleep(every_s)
 
 
 def _take_commands(inbox: Any, wait: float) -> list[Any]:
@@ -132,6 +150,7 @@ class ReplicaHandle:
         cores: list[int] | None = None,
         heartbeat_s: float = 0.25,
         heartbeat_timeout_s: float = 2.0,
+        step_timeout_s: float = 30.0,
         on_message: Callable[[StepMessage], None] | None = None,
     ) -> None:
         ctx = mp.get_context("spawn")
@@ -139,6 +158,8 @@ class ReplicaHandle:
         self.replica_id = replica_id
         self.config = config
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.step_timeout_s = step_timeout_s
+        self.step_started: float | None = None
         self.state = "starting"
         self.stats: dict[str, Any] = {}
         self.error: str | None = None
@@ -213,12 +234,16 @@ class ReplicaHandle:
     def _read_loop(self) -> None:
         while not self._ended.is_set():
             try:
-                msg: StepMessage = self._outbox.get(timeout=0.05)
+                msg = self._outbox.get(timeout=0.05)
             except queue.Empty:
-                self._check_alive()
-                continue
-            self.last_seen = WALL_CLOCK.now()
-            self._dispatch(msg)
+                msg = None
+            if msg is not None:
+                self.last_seen = WALL_CLOCK.now()
+                if isinstance(msg, Heartbeat):
+                    self.step_started = msg.step_started
+                else:
+                    self._dispatch(msg)
+            self._check_alive()
 
     def _dispatch(self, msg: StepMessage) -> None:
         self.num_token_messages += bool(msg.deltas)
@@ -249,9 +274,14 @@ class ReplicaHandle:
     def _check_alive(self) -> None:
         if not self.process.is_alive():
             self._end("failed", f"replica {self.replica_id} died (exit code {self.process.exitcode})")
-        elif self.state != "starting" and WALL_CLOCK.now() - self.last_seen > self.heartbeat_timeout_s:
-            self.process.kill()  # stuck: fail it loudly rather than wait on it
+        elif self.state == "starting":
+            return  # loading the model sends nothing for a while
+        elif (now := WALL_CLOCK.now()) - self.last_seen > self.heartbeat_timeout_s:
+            self.process.kill()  # frozen (e.g. SIGSTOP): fail it loudly rather than wait on it
             self._end("failed", f"replica {self.replica_id} sent nothing for {self.heartbeat_timeout_s:.1f} s")
+        elif self.step_started is not None and now - self.step_started > self.step_timeout_s:
+            self.process.kill()
+            self._end("failed", f"replica {self.replica_id} stuck in one step for {self.step_timeout_s:.0f} s")
 
     def _end(self, state: str, reason: str) -> None:
         with self._lock:

@@ -72,8 +72,7 @@ class Router:
     ) -> queue.Queue:
         """Admit or refuse (AdmissionError); an admitted request's events arrive on the returned
         queue: TokenDelta, or one RequestError (deadline, failed replica) that ends it."""
-        if self.config.api_keys and api_key not in self.config.api_keys:
-            raise self._refuse(401, "unauthorized", "missing or invalid API key")
+        self.authorize(api_key)
         wait = self.limiter.check(api_key or "")
         if wait > 0:
             raise self._refuse(429, "rate_limited", "rate limit exceeded", retry_after_s=max(1, round(wait + 0.5)))
@@ -93,6 +92,10 @@ class Router:
             raise self._refuse(429, "queue_full", "the request queue is full", retry_after_s=admission.retry_after_s)
         self._wake.set()
         return events
+
+    def authorize(self, api_key: str | None) -> None:
+        if self.config.api_keys and api_key not in self.config.api_keys:
+            raise self._refuse(401, "unauthorized", "missing or invalid API key")
 
     def abort(self, request_id: str) -> None:
         """The client went away: drop it from the queue, or abort it on its replica."""
@@ -117,6 +120,10 @@ class Router:
                 for expired in self.queue.take_expired():
                     self._count("deadline")
                     expired.payload.put(RequestError(expired.request_id, None, "deadline passed while queued"))
+                if self.replicas and all(r.state in ("failed", "stopped") for r in self.replicas):
+                    while (stranded := self.queue.pop()) is not None:  # nothing will ever serve them
+                        self._count("no_replica")
+                        stranded.payload.put(RequestError(stranded.request_id, None, "no replica is available"))
                 while (head := self.queue.peek()) is not None:
                     replica = self._pick(head)
                     if replica is None:

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.model.loader import read_gguf_metadata
+from engine.model.gguf_file import read_gguf_metadata
 from engine.model.paths import default_gguf_path
 from engine.model.tokenizer import tokenizer_from_gguf
 

@@ -1,0 +1,75 @@
+"""Run the API server: build the fleet, wait for it, serve HTTP, and drain on SIGTERM.
+
+This is the composition root that reaches up to the web layer (engine/ below it never imports
+Flask). SIGTERM: /ready answers 503 at once, new requests get 503, in-flight ones finish (up to
+the drain timeout), the replicas stop, and the process exits leaving no child behind."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from typing import Any
+
+from werkzeug.serving import make_server
+
+from engine.config import EngineConfig
+from engine.serving.fleet import Fleet, FleetConfig
+from engine.serving.router import RouterConfig
+
+log = logging.getLogger("servelab.server")
+
+
+def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
+    from web import create_api_app
+
+    keys = [k for k in os.environ.get("SERVELAB_API_KEYS", "").split(",") if k]
+    engine_config = EngineConfig(**levers)
+    router_config = RouterConfig(
+        queue_cap=args.queue_cap,
+        deadline_s=args.deadline_s,
+        rate_limit=args.rate_limit,
+        api_keys=keys,
+        max_model_len=engine_config.max_model_len or 8192,
+    )
+    fleet = Fleet(engine_config, router_config, FleetConfig(args.replicas, args.drain_timeout_s))
+    log.info(
+        "API keys: %s",
+        "required (SERVELAB_API_KEYS)" if keys else "none: the API is open (localhost classroom default)",
+    )
+    server = make_server(args.host, args.port, create_api_app(fleet), threaded=True)
+    stopping = threading.Event()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        log.info("SIGTERM: draining")
+
+        def drain() -> None:
+            fleet.drain_and_stop()
+            server.shutdown()
+
+        threading.Thread(target=drain, name="drain", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigterm)
+    log.info(
+        "serving %s on http://%s:%d with %d replica(s); loading...",
+        fleet.model_name,
+        args.host,
+        server.port,
+        args.replicas,
+    )
+    if not fleet.wait_ready():
+        log.error("a replica failed to start")
+    log.info("ready")
+    try:
+        server.serve_forever()
+    finally:
+        if not stopping.is_set():
+            fleet.stop()
+    log.info("stopped")
+    return 0

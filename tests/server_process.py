@@ -1,0 +1,93 @@
+"""Start `python -m engine serve` as a real process on a free port, for the API tests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, *flags: str, api_keys: str = "", timeout: float = 240.0) -> None:
+        self.port = free_port()
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SERVELAB_API_KEYS": api_keys}
+        self.log = open(ROOT / "tests" / f".server-{self.port}.log", "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "engine", "serve", "--port", str(self.port), *flags],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log_text()}")
+            try:
+                status, _ = self.request("GET", "/ready")
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not ready in {timeout} s: {self.log_text()}")
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def request(
+        self, method: str, path: str, body: object = None, headers: dict | None = None, raw: bytes | None = None
+    ):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        payload = response.read()
+        conn.close()
+        return response.status, payload
+
+    def children(self) -> list[int]:
+        """The replica processes (spawned children that run multiprocessing's spawn_main)."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == self.proc.pid and b"spawn_main" in cmdline:
+                pids.append(int(entry.name))
+        return pids
+
+    def log_text(self) -> str:
+        self.log.flush()
+        return (ROOT / "tests" / f".server-{self.port}.log").read_text()[-3000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        (ROOT / "tests" / f".server-{self.port}.log").unlink(missing_ok=True)

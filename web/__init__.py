@@ -1,0 +1,17 @@
+"""The web layer (Flask). create_api_app serves the OpenAI-compatible API over a Fleet; the
+teaching app (app.py) adds pages and sockets to the same blueprints."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from engine.serving.fleet import Fleet
+from web.openai_api import MAX_BODY_BYTES, api
+
+
+def create_api_app(fleet: Fleet) -> Flask:
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.extensions["servelab_fleet"] = fleet
+    app.register_blueprint(api)
+    return app
