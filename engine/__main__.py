@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--deadline-s", type=float, default=30.0)
     serve.add_argument("--rate-limit", type=float, default=None, help="requests/s per API key")
     serve.add_argument("--drain-timeout-s", type=float, default=30.0)
+    serve.add_argument("--sse-ping-s", type=float, default=10.0, help="interval of `: ping` on waiting streams")
     add_lever_flags(serve)
     gen = sub.add_parser("generate", help="stream a completion for one prompt")
     gen.add_argument("--prompt", required=True)

@@ -219,7 +219,9 @@ def test_sigkill_one_replica_mid_stream(server: ServerProcess) -> None:
 
 
 def test_overload_then_sigterm_drains() -> None:
-    srv = ServerProcess("--replicas", "1", "--dtype", "bfloat16", "--max-num-seqs", "2", "--queue-cap", "4")
+    srv = ServerProcess(
+        "--replicas", "1", "--dtype", "bfloat16", "--max-num-seqs", "2", "--queue-cap", "4", "--sse-ping-s", "0.2"
+    )
     try:
         results: list[tuple[int, dict]] = []
 
@@ -247,6 +249,21 @@ def test_overload_then_sigterm_drains() -> None:
         retries = {int(r["retry"]) for r in refused}
         assert len(retries) > 1 and min(retries) >= 1
         assert all(r["body"]["usage"]["completion_tokens"] == 8 for r in served)
+
+        # A stream that waits behind two long requests hears `: ping` until its first token.
+        blockers = [
+            threading.Thread(
+                target=stream_lines, args=(srv.port, {"prompt": [7] * 20, "max_tokens": 40, "ignore_eos": True})
+            )
+            for _ in range(2)
+        ]
+        for t in blockers:
+            t.start()
+        time.sleep(0.3)
+        waited = stream_lines(srv.port, {"prompt": [8] * 20, "max_tokens": 4, "ignore_eos": True})
+        assert waited[0] == ": ping" and waited[-1] == "data: [DONE]"
+        for t in blockers:
+            t.join(60)
 
         replicas = srv.children()
         streams: list[list[str]] = []

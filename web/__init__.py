@@ -6,12 +6,13 @@ from __future__ import annotations
 from flask import Flask
 
 from engine.serving.fleet import Fleet
-from web.openai_api import MAX_BODY_BYTES, api
+from web.openai_api import DEFAULT_PING_S, MAX_BODY_BYTES, api
 
 
-def create_api_app(fleet: Fleet) -> Flask:
+def create_api_app(fleet: Fleet, sse_ping_s: float = DEFAULT_PING_S) -> Flask:
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["SSE_PING_S"] = sse_ping_s
     app.extensions["servelab_fleet"] = fleet
     app.register_blueprint(api)
     return app

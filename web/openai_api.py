@@ -22,7 +22,10 @@ from web.openai_protocol import ApiError, ParsedRequest, chunk, completion, pars
 log = logging.getLogger("servelab.api")
 
 MAX_BODY_BYTES = 1 << 20
-PING_S = 0.5  # how often a waiting stream gets a `: ping`; also bounds disconnect detection
+# How often a waiting stream gets a `: ping` (app.config["SSE_PING_S"]). 10 s by default:
+# `vllm bench serve` 0.32 strips each network read before splitting SSE messages, so a comment
+# that arrives on its own corrupts its parser; pings past the benchmark's waits keep it working.
+DEFAULT_PING_S = 10.0
 NO_EVENT_TIMEOUT_S = 600.0  # a non-streaming request that hears nothing for this long fails
 
 api = Blueprint("openai_api", __name__)
@@ -125,7 +128,7 @@ def _generate(kind: str) -> Response:
         raise _admission_error(err) from err
     if req.stream:
         return Response(
-            _sse(f, req, events, len(prompt_ids)),
+            _sse(f, req, events, len(prompt_ids), current_app.config.get("SSE_PING_S", DEFAULT_PING_S)),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -149,12 +152,12 @@ def _complete(f: Fleet, req: ParsedRequest, events: queue.Queue, num_prompt: int
             return Response(json.dumps(body), mimetype="application/json")
 
 
-def _sse(f: Fleet, req: ParsedRequest, events: queue.Queue, num_prompt: int) -> Iterator[str]:
+def _sse(f: Fleet, req: ParsedRequest, events: queue.Queue, num_prompt: int, ping_s: float) -> Iterator[str]:
     finished, first, tokens = False, True, 0
     try:
         while True:
             try:
-                event = events.get(timeout=PING_S)
+                event = events.get(timeout=ping_s)
             except queue.Empty:
                 yield ": ping\n\n"
                 continue

@@ -8,6 +8,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from engine.serving.replica import ReplicaHandle
 from engine.serving.router import AdmissionError, Router, RouterConfig
 
 log = logging.getLogger("servelab.fleet")
+
+SNAPSHOT_HZ = 5.0
 
 
 @dataclass
@@ -54,6 +57,19 @@ class Fleet:
         self.router = Router(self.replicas, router_config)
         self.draining = False
         self._drained = threading.Event()
+        self._subscribers: list[Callable[[dict], None]] = []
+        threading.Thread(target=self._publish, name="snapshots", daemon=True).start()
+
+    def subscribe(self, callback: Callable[[dict], None]) -> None:
+        """callback(snapshot) SNAPSHOT_HZ times a second (the web layer's live charts)."""
+        self._subscribers.append(callback)
+
+    def _publish(self) -> None:
+        while not self._drained.wait(1.0 / SNAPSHOT_HZ):
+            if self._subscribers:
+                snap = self.snapshot()
+                for callback in list(self._subscribers):
+                    callback(snap)
 
     def wait_ready(self, timeout: float = 300.0) -> bool:
         return all(r.wait_ready(timeout) for r in self.replicas)

@@ -39,7 +39,7 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
         "API keys: %s",
         "required (SERVELAB_API_KEYS)" if keys else "none: the API is open (localhost classroom default)",
     )
-    server = make_server(args.host, args.port, create_api_app(fleet), threaded=True)
+    server = make_server(args.host, args.port, create_api_app(fleet, args.sse_ping_s), threaded=True)
     stopping = threading.Event()
 
     def on_sigterm(signum: int, frame: object) -> None:
