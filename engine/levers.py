@@ -1,0 +1,94 @@
+"""Every lever a learner can move: one typed definition shared by the API, the sockets, the pages
+and the lessons. Keys are fixed by DESIGN.md; a page's input `name` is the key.
+
+`apply` says how a change reaches the live engine: "load" (the load generator), "in_place"
+(the running fleet takes it), "rebuild" (replicas restart), "sim" (the what-if fleet only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import InvalidParamError
+
+MODELS = ("SmolLM2-135M", "Llama-8B", "Llama-70B", "Llama-405B")  # the first runs live
+
+
+@dataclass(frozen=True)
+class Lever:
+    key: str
+    kind: type  # int, float, bool or str
+    default: Any
+    label: str
+    unit: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[Any, ...] = ()
+    apply: str = "in_place"
+
+    def validate(self, value: Any) -> Any:
+        """The value in this lever's type, or InvalidParamError naming the lever."""
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise InvalidParamError(self.key, f"must be true or false, got {value!r}")
+            return value
+        if self.kind is str:
+            if value not in self.choices:
+                raise InvalidParamError(self.key, f"must be one of {list(self.choices)}, got {value!r}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidParamError(self.key, f"must be a number, got {value!r}")
+        if self.kind is int and value != int(value):
+            raise InvalidParamError(self.key, f"must be a whole number, got {value!r}")
+        value = self.kind(value)
+        if self.choices and value not in self.choices:
+            raise InvalidParamError(self.key, f"must be one of {list(self.choices)}, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise InvalidParamError(self.key, f"must be at least {self.minimum:g}{self.unit and ' ' + self.unit}")
+        if self.maximum is not None and value > self.maximum:
+            raise InvalidParamError(self.key, f"must be at most {self.maximum:g}{self.unit and ' ' + self.unit}")
+        return value
+
+
+LEVERS: dict[str, Lever] = {
+    lever.key: lever
+    for lever in (
+        Lever("request_rate", float, 1.0, "Request rate", "req/s", 0, 200, apply="load"),
+        Lever("prompt_tokens", int, 200, "Prompt length (mean)", "tokens", 1, 4000, apply="load"),
+        Lever("output_tokens", int, 64, "Output length (mean)", "tokens", 1, 2000, apply="load"),
+        Lever("burstiness", float, 1.0, "Burstiness (1 = Poisson)", "", 0.1, 10, apply="load"),
+        Lever("model", str, "SmolLM2-135M", "Model", choices=MODELS, apply="rebuild"),
+        Lever("gpu_count", int, 1, "Devices", "", 1, 64, apply="rebuild"),
+        Lever("ttft_target_ms", int, 1000, "TTFT target (p99)", "ms", 10, 60000),
+        Lever("paged", bool, True, "Paged KV + continuous batching", apply="rebuild"),
+        Lever("tensor_parallel", int, 1, "Tensor-parallel degree", "", choices=(1, 2, 4, 8), apply="rebuild"),
+        Lever("block_size", int, 16, "KV block size", "tokens", choices=(8, 16, 32, 64), apply="rebuild"),
+        Lever("max_num_seqs", int, 64, "Batch slots", "sequences", 1, 256),
+        Lever("max_batched_tokens", int, 2048, "Token budget per step", "tokens", 16, 16384),
+        Lever("chunked_prefill", bool, True, "Chunked prefill"),
+        Lever("prefix_caching", bool, True, "Prefix caching"),
+        Lever("kv_budget_mb", float, 512.0, "KV budget per device", "MB", 1, 100000, apply="rebuild"),
+        Lever("queue_cap", int, 64, "Queue capacity", "requests", 1, 10000),
+        Lever("deadline_s", float, 30.0, "Queue deadline", "s", 0.1, 3600),
+        Lever("rate_limit", float, 0.0, "Rate limit per key (0 = off)", "req/s", 0, 1000),
+        Lever("min_replicas", int, 1, "Min replicas", "", 0, 64),
+        Lever("max_replicas", int, 2, "Max replicas", "", 1, 64),
+        Lever("warm_pool", int, 0, "Warm pool", "replicas", 0, 16),
+        Lever("provision_delay_s", float, 5.0, "Provisioning delay", "s", 0, 600),
+    )
+}
+
+
+def validate_levers(values: dict[str, Any]) -> dict[str, Any]:
+    """Check a set of lever values; unknown keys and bad values raise InvalidParamError."""
+    if not isinstance(values, dict):
+        raise InvalidParamError("levers", "must be an object of lever values")
+    clean = {}
+    for key, value in values.items():
+        lever = LEVERS.get(key)
+        if lever is None:
+            raise InvalidParamError(key, "is not a lever")
+        clean[key] = lever.validate(value)
+    if clean.get("min_replicas", 0) > clean.get("max_replicas", 64):
+        raise InvalidParamError("min_replicas", "must not exceed max_replicas")
+    return clean

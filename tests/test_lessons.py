@@ -1,0 +1,126 @@
+"""Lesson files: the shipped ones are valid; broken ones are pointed at by file and line; bodies
+are sanitised; edits are picked up."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from engine.errors import InvalidParamError
+from engine.levers import LEVERS, validate_levers
+from web.lessons import LESSONS_DIR, LessonLibrary, main, parse_lesson
+
+GOOD = textwrap.dedent(
+    """\
+    ---
+    step: 2
+    title: Put a queue in front
+    summary: Bursts wait in line instead of crushing the workers.
+    levers:
+      request_rate: 4.0
+      queue_cap: 8
+    charts: [queue_depth, rejected]
+    scenarios:
+      - title: A burst
+        levers: {burstiness: 0.3}
+        watch: The queue_depth chart fills, then drains.
+    decision:
+      question: Traffic is spiky and GPUs are fixed. What absorbs it?
+      options:
+        - text: Drop what does not fit
+          correct: false
+          why: Capacity frees up moments later.
+        - text: A bounded queue with admission control
+          correct: true
+          why: It buffers bursts and sheds load only when deep.
+    failure_modes:
+      - title: Unbounded queue
+        levers: {queue_cap: 10000}
+        expect: Everyone waits; TTFT explodes.
+    ---
+    # The queue
+
+    Body text with **bold**.
+    """
+)
+
+
+def write(tmp_path: Path, text: str, name: str = "02-queue.md") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_shipped_lessons_are_valid_and_cover_every_step() -> None:
+    files = sorted(LESSONS_DIR.glob("*.md"))
+    assert len(files) == 8
+    for path in files:
+        _lesson, errors = parse_lesson(path)
+        assert not errors, [str(e) for e in errors]
+    assert [lesson.step for lesson in LessonLibrary().lessons()] == list(range(1, 9))
+    assert main(["lessons", "check"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "line", "words"),
+    [
+        (("  queue_cap: 8", "  queue_kap: 8"), 7, "unknown lever 'queue_kap'"),
+        (("  queue_cap: 8", "  queue_cap: -1"), 7, "queue_cap"),
+        (("charts: [queue_depth, rejected]", "charts: [queue_depth, vibes]"), 8, "unknown chart 'vibes'"),
+        (("step: 2", "step: 3"), 2, "does not match"),
+        (("      correct: false", "      correct: true"), 15, "exactly one option"),
+        (("    watch: The queue_depth chart fills, then drains.", "    watch: ''"), 12, "watch"),
+        (("title: Put a queue in front", "title: [unclosed"), 3, "YAML"),
+        (("failure_modes:", "failure_mode:"), 22, "unknown field"),
+    ],
+)
+def test_mistakes_point_at_their_line(tmp_path: Path, change: tuple[str, str], line: int, words: str) -> None:
+    path = write(tmp_path, GOOD.replace(*change, 1))
+    lesson, errors = parse_lesson(path)
+    assert lesson is None
+    assert errors
+    assert any(e.line == line and words in e.message for e in errors), [str(e) for e in errors]
+    assert str(errors[0]).startswith(f"{path}:")
+
+
+def test_validator_command_reports_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = write(tmp_path, GOOD.replace("  queue_cap: 8", "  queue_kap: 8"))
+    assert main(["lessons", "check", str(bad)]) == 1
+    assert f"{bad}:7: unknown lever 'queue_kap'" in capsys.readouterr().out
+
+
+def test_script_and_javascript_links_render_harmless(tmp_path: Path) -> None:
+    evil = GOOD + '\n<script>alert("x")</script>\n\n[click](javascript:alert(1)) <img src=x onerror=alert(1)>\n'
+    lesson, errors = parse_lesson(write(tmp_path, evil))
+    assert not errors
+    html = lesson.body_html.lower()
+    # Tags come out escaped as text; no live script, handler or javascript: link remains.
+    assert "<script" not in html and "<img" not in html and 'href="javascript' not in html
+    assert "<strong>bold</strong>" in html
+
+
+def test_edited_lesson_is_reloaded(tmp_path: Path) -> None:
+    path = write(tmp_path, GOOD)
+    library = LessonLibrary(tmp_path)
+    assert library.step(2).meta["title"] == "Put a queue in front"
+    path.write_text(GOOD.replace("Put a queue in front", "Queue first"))
+    stat = path.stat()
+    os.utime(path, (stat.st_atime, stat.st_mtime + 5))
+    assert library.step(2).meta["title"] == "Queue first"
+
+
+def test_levers_are_typed_and_checked() -> None:
+    assert validate_levers({"request_rate": 3, "paged": False, "block_size": 32}) == {
+        "request_rate": 3.0,
+        "paged": False,
+        "block_size": 32,
+    }
+    for bad, key in [({"block_size": 12}, "block_size"), ({"paged": "yes"}, "paged"), ({"warp": 9}, "warp"),
+                     ({"min_replicas": 5, "max_replicas": 2}, "min_replicas"), ({"queue_cap": 2.5}, "queue_cap")]:  # fmt: skip
+        with pytest.raises(InvalidParamError) as err:
+            validate_levers(bad)
+        assert err.value.param == key
+    assert set(LEVERS) >= {"request_rate", "gpu_count", "ttft_target_ms", "paged", "tensor_parallel", "kv_budget_mb"}

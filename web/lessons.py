@@ -1,0 +1,232 @@
+"""Lessons: `lessons/NN-slug.md`, YAML front matter plus a markdown body.
+
+`python -m web.lessons check [FILES]` validates every lesson and prints `file:line: message` for
+each mistake (exit 1 if any). The body renders with markdown-it-py and is sanitised with nh3, so
+a lesson holding <script> or a javascript: link renders harmless. LessonLibrary re-reads a file
+when its modification time changes, so an edited lesson shows on the next page load."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nh3
+import yaml
+from markdown_it import MarkdownIt
+
+from engine.errors import InvalidParamError
+from engine.levers import LEVERS
+
+LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
+CHARTS = (
+    "queue_depth",
+    "running",
+    "kv_blocks",
+    "ttft",
+    "itl",
+    "tokens_per_s",
+    "rejected",
+    "preempted",
+    "replicas",
+    "batch_size",
+)
+FILE_NAME = re.compile(r"^(\d\d)-[a-z0-9-]+\.md$")
+_markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
+
+
+@dataclass
+class LessonError:
+    path: Path
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+@dataclass
+class Lesson:
+    path: Path
+    meta: dict[str, Any]
+    body_html: str
+    mtime: float = 0.0
+
+    @property
+    def step(self) -> int:
+        return self.meta["step"]
+
+
+@dataclass
+class _Checker:
+    path: Path
+    lines: dict[tuple, int]  # front-matter path -> 1-based file line
+    errors: list[LessonError] = field(default_factory=list)
+
+    def fail(self, where: tuple, message: str) -> None:
+        while where and where not in self.lines:
+            where = where[:-1]
+        self.errors.append(LessonError(self.path, self.lines.get(where, 1), message))
+
+
+def parse_lesson(path: Path) -> tuple[Lesson | None, list[LessonError]]:
+    text = path.read_text(encoding="utf-8")
+    if not text.startswith("---\n"):
+        return None, [LessonError(path, 1, "a lesson starts with '---' and YAML front matter")]
+    end = text.find("\n---\n", 4)
+    if end < 0:
+        return None, [LessonError(path, 1, "the front matter has no closing '---'")]
+    front, body = text[4:end], text[end + 5 :]
+    try:
+        node = yaml.compose(front, Loader=yaml.SafeLoader)
+        meta = yaml.safe_load(front)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "context_mark", None) or getattr(err, "problem_mark", None)  # where it began
+        line = getattr(mark, "line", 0) + 2
+        return None, [LessonError(path, line, f"YAML: {getattr(err, 'problem', err)}")]
+    lines: dict[tuple, int] = {}
+    _index_lines(node, (), lines)
+    checker = _Checker(path, lines)
+    _check(meta, checker)
+    if checker.errors:
+        return None, checker.errors
+    html = nh3.clean(_markdown.render(body), url_schemes={"http", "https", "mailto"})
+    return Lesson(path, meta, html, path.stat().st_mtime), []
+
+
+def _index_lines(node: yaml.Node | None, where: tuple, out: dict[tuple, int]) -> None:
+    if node is None:
+        return
+    out[where] = node.start_mark.line + 2  # +1 for 1-based, +1 for the opening '---'
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            _index_lines(value, (*where, key.value), out)
+            out[(*where, key.value)] = key.start_mark.line + 2  # point at the key, not its value
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index_lines(item, (*where, i), out)
+
+
+def _check(meta: Any, c: _Checker) -> None:
+    if not isinstance(meta, dict):
+        c.fail((), "the front matter must be a mapping")
+        return
+    match = FILE_NAME.match(c.path.name)
+    if not match:
+        c.fail((), "the file name must be NN-slug.md")
+    step = meta.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= 8:
+        c.fail(("step",), "step must be a whole number from 1 to 8")
+    elif match and int(match.group(1)) != step:
+        c.fail(("step",), f"step {step} does not match the file name's {match.group(1)}")
+    for key in ("title", "summary"):
+        if not isinstance(meta.get(key), str) or not meta[key].strip():
+            c.fail((key,), f"{key} must be a non-empty string")
+    _check_levers(meta.get("levers"), ("levers",), c, required=True)
+    charts = meta.get("charts")
+    if not isinstance(charts, list) or not charts:
+        c.fail(("charts",), "charts must be a non-empty list")
+    else:
+        for i, chart in enumerate(charts):
+            if chart not in CHARTS:
+                c.fail(("charts", i), f"unknown chart {chart!r}; charts are {', '.join(CHARTS)}")
+    _check_cards(meta.get("scenarios"), "scenarios", ("title", "watch"), c)
+    _check_cards(meta.get("failure_modes"), "failure_modes", ("title", "expect"), c)
+    _check_decision(meta.get("decision"), c)
+    known = {"step", "title", "summary", "levers", "charts", "scenarios", "decision", "failure_modes"}
+    for key in meta:
+        if key not in known:
+            c.fail((key,), f"unknown field {key!r}")
+
+
+def _check_levers(levers: Any, where: tuple, c: _Checker, required: bool) -> None:
+    if not isinstance(levers, dict) or (required and not levers):
+        c.fail(where, "levers must be a mapping of lever keys to values")
+        return
+    for key, value in levers.items():
+        if key not in LEVERS:
+            c.fail((*where, key), f"unknown lever {key!r}")
+            continue
+        try:
+            LEVERS[key].validate(value)
+        except InvalidParamError as err:
+            c.fail((*where, key), f"lever {err}")
+
+
+def _check_cards(cards: Any, name: str, texts: tuple[str, ...], c: _Checker) -> None:
+    if not isinstance(cards, list) or not cards:
+        c.fail((name,), f"{name} must be a non-empty list")
+        return
+    for i, card in enumerate(cards):
+        if not isinstance(card, dict):
+            c.fail((name, i), f"each of {name} must be a mapping")
+            continue
+        for key in texts:
+            if not isinstance(card.get(key), str) or not card[key].strip():
+                c.fail((name, i, key), f"{name}[{i}] needs a non-empty {key}")
+        _check_levers(card.get("levers"), (name, i, "levers"), c, required=True)
+
+
+def _check_decision(decision: Any, c: _Checker) -> None:
+    if not isinstance(decision, dict) or not isinstance(decision.get("question"), str):
+        c.fail(("decision",), "decision needs a question and options")
+        return
+    options = decision.get("options")
+    if not isinstance(options, list) or len(options) < 2:
+        c.fail(("decision", "options"), "a decision needs at least two options")
+        return
+    correct = 0
+    for i, option in enumerate(options):
+        if (
+            not isinstance(option, dict)
+            or not isinstance(option.get("text"), str)
+            or not isinstance(option.get("why"), str)
+        ):
+            c.fail(("decision", "options", i), "each option needs text and why")
+            continue
+        if not isinstance(option.get("correct"), bool):
+            c.fail(("decision", "options", i), "each option needs correct: true or false")
+        correct += option.get("correct") is True
+    if correct != 1:
+        c.fail(("decision", "options"), f"exactly one option must be correct, found {correct}")
+
+
+class LessonLibrary:
+    """The lessons of a folder, re-read whenever a file changes."""
+
+    def __init__(self, folder: Path = LESSONS_DIR) -> None:
+        self.folder = folder
+        self._cache: dict[Path, Lesson] = {}
+
+    def lessons(self) -> list[Lesson]:
+        found = []
+        for path in sorted(self.folder.glob("[0-9][0-9]-*.md")):
+            cached = self._cache.get(path)
+            if cached is None or cached.mtime != path.stat().st_mtime:
+                lesson, errors = parse_lesson(path)
+                if lesson is None:
+                    raise ValueError("; ".join(map(str, errors)))
+                self._cache[path] = cached = lesson
+            found.append(cached)
+        return found
+
+    def step(self, number: int) -> Lesson | None:
+        return next((lesson for lesson in self.lessons() if lesson.step == number), None)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[1] != "check":
+        print("usage: python -m web.lessons check [FILE ...]", file=sys.stderr)
+        return 2
+    paths = [Path(p) for p in argv[2:]] or sorted(LESSONS_DIR.glob("*.md"))
+    errors = [err for path in paths for err in parse_lesson(path)[1]]
+    for err in errors:
+        print(err)
+    print(f"{len(paths)} lesson(s) checked, {len(errors)} mistake(s)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
