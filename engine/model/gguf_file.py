@@ -25,3 +25,13 @@ def read_gguf_metadata(path: Path) -> dict:
         except (ValueError, TypeError, IndexError):  # field types this engine never reads
             log.debug("skipping GGUF field %s", key)
     return {"reader": reader, "meta": meta}
+
+
+def context_length(path: Path) -> int:
+    """The model's context window from its metadata (GGUF) or config.json (HF folder)."""
+    if path.is_dir():
+        import json
+
+        return int(json.loads((path / "config.json").read_text())["max_position_embeddings"])
+    meta = read_gguf_metadata(path)["meta"]
+    return int(meta[f"{meta['general.architecture']}.context_length"])

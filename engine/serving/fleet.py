@@ -14,6 +14,7 @@ from pathlib import Path
 
 from engine.clock import WALL_CLOCK
 from engine.config import EngineConfig
+from engine.model.gguf_file import context_length
 from engine.model.paths import DEFAULT_MODEL_NAME, default_gguf_path
 from engine.model.tokenizer import ChatTokenizer, load_tokenizer
 from engine.sampling_params import SamplingParams
@@ -54,6 +55,8 @@ class Fleet:
             for i, cores in enumerate(split_cores(fleet_config.replicas))
         ]
         router_config.block_size = engine_config.block_size
+        context = context_length(Path(path))
+        router_config.max_model_len = min(engine_config.max_model_len or context, context)
         self.router = Router(self.replicas, router_config)
         self.draining = False
         self._drained = threading.Event()

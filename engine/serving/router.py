@@ -48,7 +48,7 @@ class RouterConfig:
     rate_limit: float | None = None  # requests/s per API key
     api_keys: list[str] = field(default_factory=list)  # empty: the API is open
     block_size: int = 16
-    max_model_len: int = 8192
+    max_model_len: int = 8192  # the fleet sets it from the model's context window
 
 
 class Router:

@@ -32,7 +32,6 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
         deadline_s=args.deadline_s,
         rate_limit=args.rate_limit,
         api_keys=keys,
-        max_model_len=engine_config.max_model_len or 8192,
     )
     fleet = Fleet(engine_config, router_config, FleetConfig(args.replicas, args.drain_timeout_s))
     log.info(
