@@ -19,7 +19,7 @@ $(STAMP): requirements.txt
 	touch $@
 
 run: $(STAMP)
-	$(PY) -m engine generate --prompt "$${PROMPT:-Explain in two sentences why LLM decoding is memory-bound.}"
+	$(PY) -m engine serve --host "$${HOST:-127.0.0.1}" --port "$${PORT:-5000}"
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
