@@ -14,10 +14,10 @@ from typing import Any
 from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
+from engine.errors import ServingError
 from engine.serving.fleet import Fleet
 from engine.serving.messages import RequestError
-from engine.serving.router import AdmissionError
-from web.openai_protocol import ApiError, ParsedRequest, chunk, completion, parse_request, usage
+from web.openai_protocol import ParsedRequest, chunk, completion, parse_request, usage
 
 log = logging.getLogger("servelab.api")
 
@@ -35,15 +35,15 @@ def fleet() -> Fleet:
     return current_app.extensions["servelab_fleet"]
 
 
-def error_response(err: ApiError) -> Response:
+def error_response(err: ServingError) -> Response:
     response = Response(json.dumps(err.body()), status=err.status, mimetype="application/json")
-    if err.retry_after is not None:
-        response.headers["Retry-After"] = str(err.retry_after)
+    if err.retry_after_s is not None:
+        response.headers["Retry-After"] = str(err.retry_after_s)
     return response
 
 
-@api.app_errorhandler(ApiError)
-def _api_error(err: ApiError) -> Response:
+@api.app_errorhandler(ServingError)
+def _api_error(err: ServingError) -> Response:
     return error_response(err)
 
 
@@ -51,13 +51,13 @@ def _api_error(err: ApiError) -> Response:
 def _http_error(err: HTTPException) -> Response:
     code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(err.code or 0)
     message = "the request body is too large" if err.code == 413 else (err.description or err.name)
-    return error_response(ApiError(err.code or 500, message, None, code))
+    return error_response(ServingError(err.code or 500, message, None, code))
 
 
 @api.app_errorhandler(Exception)
 def _unexpected(err: Exception) -> Response:
     log.exception("unhandled error")  # the details go to the log, never to the client
-    return error_response(ApiError(500, "internal server error", None, "internal_error"))
+    return error_response(ServingError(500, "internal server error", None, "internal_error"))
 
 
 @api.get("/health")
@@ -105,27 +105,21 @@ def chat_completions() -> Response:
 def _generate(kind: str) -> Response:
     f = fleet()
     api_key = _bearer_key()
-    try:
-        f.router.authorize(api_key)
-    except AdmissionError as err:
-        raise _admission_error(err) from err
+    f.router.authorize(api_key)  # a refusal is a ServingError: the error handler answers it
     try:
         body = json.loads(request.get_data(cache=False) or b"null")
     except (ValueError, UnicodeDecodeError) as err:
-        raise ApiError(400, "the body is not valid JSON", None, "invalid_json") from err
+        raise ServingError(400, "the body is not valid JSON", None, "invalid_json") from err
     req = parse_request(body, kind, f.model_name)
     if req.kind == "chat":
         prompt_ids = f.tokenizer.encode(f.tokenizer.apply_chat_template(req.prompt))  # type: ignore[arg-type]
     else:
         prompt_ids = f.tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
     if not prompt_ids:
-        raise ApiError(400, "the prompt encodes to no tokens", "prompt", "invalid_value")
+        raise ServingError(400, "the prompt encodes to no tokens", "prompt", "invalid_value")
     if any(not 0 <= t < f.tokenizer.vocab_size for t in prompt_ids):
-        raise ApiError(400, f"token ids must be in [0, {f.tokenizer.vocab_size})", "prompt", "invalid_value")
-    try:
-        events = f.submit(req.request_id, prompt_ids, req.params, api_key)
-    except AdmissionError as err:
-        raise _admission_error(err) from err
+        raise ServingError(400, f"token ids must be in [0, {f.tokenizer.vocab_size})", "prompt", "invalid_value")
+    events = f.submit(req.request_id, prompt_ids, req.params, api_key)
     if req.stream:
         return Response(
             _sse(f, req, events, len(prompt_ids), current_app.config.get("SSE_PING_S", DEFAULT_PING_S)),
@@ -142,7 +136,7 @@ def _complete(f: Fleet, req: ParsedRequest, events: queue.Queue, num_prompt: int
             event = events.get(timeout=NO_EVENT_TIMEOUT_S)
         except queue.Empty:
             f.router.abort(req.request_id)
-            raise ApiError(503, "the request timed out", None, "timeout") from None
+            raise ServingError(503, "the request timed out", None, "timeout") from None
         if isinstance(event, RequestError):
             raise _request_error(event)
         text.append(event.text)
@@ -199,11 +193,7 @@ def _bearer_key() -> str | None:
     return header[7:].strip() if header.lower().startswith("bearer ") else None
 
 
-def _admission_error(err: AdmissionError) -> ApiError:
-    return ApiError(err.status, err.message, err.param, err.reason, err.retry_after_s)
-
-
-def _request_error(err: RequestError) -> ApiError:
+def _request_error(err: RequestError) -> ServingError:
     if err.param is not None:
-        return ApiError(400, err.message, err.param, "invalid_value")
-    return ApiError(503, err.message, None, "request_failed", 1)
+        return ServingError(400, err.message, err.param, "invalid_value")
+    return ServingError(503, err.message, None, "request_failed", 1)

@@ -1,6 +1,6 @@
 """OpenAI request parsing and response shapes, kept apart from the HTTP plumbing.
 
-Bad input raises ApiError with the OpenAI error body's fields; nothing here knows Flask."""
+Bad input raises ServingError with the OpenAI error body's fields; nothing here knows Flask."""
 
 from __future__ import annotations
 
@@ -9,37 +9,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import InvalidParamError
+from engine.errors import InvalidParamError, ServingError
 from engine.sampling_params import SamplingParams
-
-
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        retry_after: int | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.retry_after = retry_after
-
-    @property
-    def type(self) -> str:
-        return {
-            401: "authentication_error",
-            404: "not_found_error",
-            429: "rate_limit_error",
-            503: "service_unavailable_error",
-        }.get(self.status, "invalid_request_error")
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -57,21 +28,21 @@ def _check(body: dict[str, Any], name: str, types: tuple[type, ...], required: b
     value = body.get(name)
     if value is None:
         if required:
-            raise ApiError(400, f"'{name}' is required", name, "missing_field")
+            raise ServingError(400, f"'{name}' is required", name, "missing_field")
         return None
     if isinstance(value, bool) and bool not in types:
-        raise ApiError(400, f"'{name}' must be {' or '.join(t.__name__ for t in types)}", name, "invalid_type")
+        raise ServingError(400, f"'{name}' must be {' or '.join(t.__name__ for t in types)}", name, "invalid_type")
     if not isinstance(value, types):
-        raise ApiError(400, f"'{name}' must be {' or '.join(t.__name__ for t in types)}", name, "invalid_type")
+        raise ServingError(400, f"'{name}' must be {' or '.join(t.__name__ for t in types)}", name, "invalid_type")
     return value
 
 
 def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
     if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object", None, "invalid_json")
+        raise ServingError(400, "the body must be a JSON object", None, "invalid_json")
     model = _check(body, "model", (str,))
     if model is not None and model != model_name:
-        raise ApiError(
+        raise ServingError(
             404, f"model '{model}' does not exist; this server serves '{model_name}'", "model", "model_not_found"
         )
     if kind == "chat":
@@ -80,24 +51,24 @@ def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages
         ):
-            raise ApiError(
+            raise ServingError(
                 400, "'messages' must be a non-empty list of {role, content} strings", "messages", "invalid_value"
             )
         prompt: str | list[int] = messages  # type: ignore[assignment]  # templated by the caller
     else:
         prompt = _check(body, "prompt", (str, list), required=True)
         if isinstance(prompt, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise ApiError(
+            raise ServingError(
                 400,
                 "'prompt' must be a string or one list of token ids (batches are not supported)",
                 "prompt",
                 "invalid_value",
             )
         if not prompt:
-            raise ApiError(400, "'prompt' must not be empty", "prompt", "invalid_value")
+            raise ServingError(400, "'prompt' must not be empty", "prompt", "invalid_value")
     n = _check(body, "n", (int,))
     if n is not None and n != 1:
-        raise ApiError(400, "only n=1 is supported", "n", "invalid_value")
+        raise ServingError(400, "only n=1 is supported", "n", "invalid_value")
     max_tokens = _check(body, "max_completion_tokens", (int,))
     if max_tokens is None:
         max_tokens = _check(body, "max_tokens", (int,))
@@ -115,7 +86,7 @@ def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
             ignore_eos=_check(body, "ignore_eos", (bool,)) or False,
         )
     except InvalidParamError as err:
-        raise ApiError(400, err.message, err.param, "invalid_value") from err
+        raise ServingError(400, err.message, err.param, "invalid_value") from err
     return ParsedRequest(
         kind,
         prompt,

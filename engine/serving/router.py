@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from engine.block_manager import blocks_for, chain_hash
 from engine.clock import WALL_CLOCK, Clock
+from engine.errors import ServingError
 from engine.sampling_params import SamplingParams
 from engine.serving.messages import RequestError
 from engine.serving.rate_limit import RateLimiter
@@ -27,18 +28,17 @@ log = logging.getLogger("servelab.router")
 PREFIX_MEMORY = 20_000  # block hashes remembered per replica for prefix-aware routing
 
 
-class AdmissionError(Exception):
-    """A refusal before queueing: status is the HTTP status the API answers with."""
+class AdmissionError(ServingError):
+    """A refusal before queueing; `reason` (the error code) is what the rejection counters count."""
 
     def __init__(
         self, status: int, reason: str, message: str, param: str | None = None, retry_after_s: int | None = None
     ):
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-        self.param = param
-        self.retry_after_s = retry_after_s
+        super().__init__(status, message, param, reason, retry_after_s)
+
+    @property
+    def reason(self) -> str:
+        return self.code or ""
 
 
 @dataclass
