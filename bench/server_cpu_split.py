@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from bench.serving_bench import RESULTS, run_engine_workload, start_servelab, stop
+from engine.serving.replica import replica_pids
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -19,23 +20,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
 
 
-def replica_pid(parent: int) -> int:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                if ppid == parent and b"spawn_main" in (entry / "cmdline").read_bytes():
-                    return int(entry.name)
-            except OSError:
-                continue
-    raise RuntimeError("no replica process found")
-
-
 def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     proc = start_servelab(8768, RESULTS / "cpu-split-server.log")
     try:
-        replica = replica_pid(proc.pid)
+        replica = replica_pids(proc.pid)[0]
         before = cpu_seconds(proc.pid), cpu_seconds(replica)
         started = time.perf_counter()
         tok_s = run_engine_workload(8768)

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from engine.serving.replica import replica_pids
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -62,20 +64,7 @@ class ServerProcess:
         return response.status, payload
 
     def children(self) -> list[int]:
-        """The replica processes (spawned children that run multiprocessing's spawn_main)."""
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == self.proc.pid and b"spawn_main" in cmdline:
-                pids.append(int(entry.name))
-        return pids
+        return replica_pids(self.proc.pid)
 
     def log_text(self) -> str:
         self.log.flush()

@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from engine.clock import WALL_CLOCK
@@ -103,6 +104,23 @@ def replica_main(
         if deltas or errors or now - last_sent >= heartbeat_s:
             outbox.put(StepMessage(replica_id, now, deltas, errors, stats(), state))
             last_sent = now
+
+
+def replica_pids(server_pid: int) -> list[int]:
+    """The replica processes a server spawned (its children running multiprocessing's spawn_main),
+    read from /proc: for tests and benchmarks that signal or measure them."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if ppid == server_pid and b"spawn_main" in cmdline:
+            pids.append(int(entry.name))
+    return pids
 
 
 def _heartbeats(replica_id: int, outbox: Any, progress: dict[str, float | None], every_s: float) -> None:

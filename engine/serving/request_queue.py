@@ -26,6 +26,7 @@ class QueuedRequest:
     enqueued: float = 0.0
     deadline: float | None = None
     payload: Any = None  # what the caller needs to answer it (its stream)
+    block_hashes: list[bytes] | None = None  # the prompt's chained block hashes, for routing
 
 
 @dataclass

@@ -133,7 +133,7 @@ class Router:
                     replica.submit(head.request_id, head.prompt_token_ids, head.params, events=head.payload)
 
     def _pick(self, request: QueuedRequest) -> ReplicaHandle | None:
-        hashes = self._block_hashes(request.prompt_token_ids)
+        hashes = self._block_hashes(request)
         best, best_key = None, None
         for replica in self.replicas:
             if not self._has_room(replica, request):
@@ -154,16 +154,19 @@ class Router:
         free_blocks = stats["kv_total_blocks"] - stats["kv_used_blocks"]
         return blocks_for(len(request.prompt_token_ids) + 1, self.config.block_size) <= free_blocks
 
-    def _block_hashes(self, token_ids: list[int]) -> list[bytes]:
-        bs, hashes, parent = self.config.block_size, [], b""
-        for i in range(len(token_ids) // bs):
-            parent = chain_hash(parent, tuple(token_ids[i * bs : (i + 1) * bs]))
-            hashes.append(parent)
-        return hashes
+    def _block_hashes(self, request: QueuedRequest) -> list[bytes]:
+        """Hashed once per request: the head of the queue is looked at on every dispatch poll."""
+        if request.block_hashes is None:
+            bs, token_ids, parent, hashes = self.config.block_size, request.prompt_token_ids, b"", []
+            for i in range(len(token_ids) // bs):
+                parent = chain_hash(parent, tuple(token_ids[i * bs : (i + 1) * bs]))
+                hashes.append(parent)
+            request.block_hashes = hashes
+        return request.block_hashes
 
     def _remember_prefix(self, replica: ReplicaHandle, request: QueuedRequest) -> None:
         known = self._prefixes[replica.replica_id]
-        for h in self._block_hashes(request.prompt_token_ids):
+        for h in self._block_hashes(request):
             known[h] = None
             known.move_to_end(h)
         while len(known) > PREFIX_MEMORY:
