@@ -13,6 +13,7 @@ import sys
 import typing
 
 from engine.config import EngineConfig
+from engine.levers import parse_bool
 
 
 def add_lever_flags(parser: argparse.ArgumentParser) -> None:
@@ -21,18 +22,10 @@ def add_lever_flags(parser: argparse.ArgumentParser) -> None:
         kind = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
         if kind is bool:
-            parser.add_argument(flag, type=_parse_bool, default=f.default, metavar="true|false")
+            parser.add_argument(flag, type=parse_bool, default=f.default, metavar="true|false")
         else:
             base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
             parser.add_argument(flag, type=base, default=f.default)
-
-
-def _parse_bool(text: str) -> bool:
-    if text.lower() in ("1", "true", "yes", "on"):
-        return True
-    if text.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _levers(args: argparse.Namespace) -> dict:

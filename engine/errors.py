@@ -28,6 +28,7 @@ class ServingError(Exception):
 
     TYPES: ClassVar[dict[int, str]] = {
         401: "authentication_error",
+        403: "permission_error",
         404: "not_found_error",
         429: "rate_limit_error",
         503: "service_unavailable_error",

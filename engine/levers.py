@@ -92,3 +92,12 @@ def validate_levers(values: dict[str, Any]) -> dict[str, Any]:
     if clean.get("min_replicas", 0) > clean.get("max_replicas", 64):
         raise InvalidParamError("min_replicas", "must not exceed max_replicas")
     return clean
+
+
+def parse_bool(text: str) -> bool:
+    """A boolean lever's command-line value."""
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")

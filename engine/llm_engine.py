@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -228,7 +229,29 @@ class LLMEngine:
             "prefix_cache_queries": self.kv.prefix_queries,
             "prefix_cache_hits": self.kv.prefix_hits,
             "num_steps": self.num_steps,
+            "batch_size": len(self.last_batch.seqs),
+            # Static facts for the back-of-envelope panel: what the weights and the KV cache cost.
+            "weight_bytes": self.memory.weight_bytes,
+            "param_bytes": self.memory.param_bytes,
+            "kv_budget_bytes": self.memory.kv_budget_bytes,
+            "kv_bytes_per_token": self.memory.bytes_per_block // self.config.block_size,
         }
+
+    # levers that change without a restart ------------------------------------------------------
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Apply the levers a running engine can take in place (IN_PLACE_FIELDS); the scheduler
+        and block manager read them from the next step on."""
+        unknown = set(changes) - IN_PLACE_FIELDS
+        if unknown:
+            raise InvalidParamError(min(unknown), "needs a rebuilt replica, not a change in place")
+        self.config = self.config.replace(**changes)
+        self.scheduler.config = self.config
+        if "prefix_caching" in changes and isinstance(self.kv, BlockManager):
+            self.kv.enable_prefix_caching = self.config.prefix_caching
+
+
+IN_PLACE_FIELDS = {"max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "starvation_s"}
 
 
 def _find_stop(text: str, stops: list[str]) -> int | None:

@@ -17,7 +17,8 @@ MB = 1024 * 1024
 @dataclass
 class MemoryPlan:
     cap_bytes: int
-    weight_bytes: int
+    weight_bytes: int  # what the weights occupy, prepacked copies included
+    param_bytes: int  # the parameters once each: what a decode step must read
     activation_bytes: int
     kv_budget_bytes: int
     bytes_per_block: int
@@ -40,7 +41,8 @@ def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> Me
     cfg = model.cfg
     elem = torch.finfo(dtype).bits // 8
     unique = {id(p): p for p in model.parameters()}.values()  # the tied head counts once
-    weight_bytes = sum(p.numel() * p.element_size() for p in unique) + model.packed_bytes()
+    param_bytes = sum(p.numel() * p.element_size() for p in unique)
+    weight_bytes = param_bytes + model.packed_bytes()
     # Widest per-token activations of one layer (qkv, gate/up, SwiGLU product, residuals), in
     # float32 to be safe, for a full token budget; plus float32 logits for every sampled row.
     per_token = 4 * (
@@ -59,4 +61,23 @@ def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> Me
             "kv_budget_mb" if config.kv_budget_mb is not None else "memory_cap_mb",
             f"leaves no room for one KV block of {bytes_per_block} bytes",
         )
-    return MemoryPlan(cap, weight_bytes, activation_bytes, budget, bytes_per_block, config.block_size, num_blocks)
+    return MemoryPlan(cap, weight_bytes, param_bytes, activation_bytes, budget, bytes_per_block, config.block_size, num_blocks)
+
+
+def copy_bandwidth_gbs(device: str = "cpu", num_bytes: int = 64 * MB, repeats: int = 5) -> float:
+    """Measured device memory bandwidth (GB/s, read + write) of a plain copy: the roofline's
+    denominator, since a decode step must stream every weight once."""
+    import time
+
+    src = torch.empty(num_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * num_bytes / best / 1e9

@@ -17,11 +17,14 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
+        # Stored heads outermost (one head's blocks gather into a matmul-ready tensor: 1.5x faster
+        # CPU decode); the kernels take [num_blocks, block_size, KVH, D] views of any strides.
         shape = (cfg.num_kv_heads, num_blocks, block_size, cfg.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_layers)
-        ]
+
+        def cache() -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
+
+        self.kv_caches = [(cache(), cache()) for _ in range(cfg.num_layers)]
         self.sampler = Sampler()
 
     @torch.inference_mode()
@@ -76,8 +79,10 @@ class ModelRunner:
         attn = AttentionBatch(
             slot_mapping=torch.tensor(slots, device=dev),
             num_decodes=len(decodes),
-            decode_block_tables=torch.tensor(tables, dtype=torch.long, device=dev).view(len(decodes), max_blocks),
-            decode_context_lens=torch.tensor([s.num_computed_tokens + 1 for s, _ in decodes], device=dev),
+            decode_block_tables=torch.tensor(tables, dtype=torch.int32, device=dev).view(len(decodes), max_blocks),
+            decode_context_lens=torch.tensor(
+                [s.num_computed_tokens + 1 for s, _ in decodes], dtype=torch.int32, device=dev
+            ),
             prefills=chunks,
         )
         return torch.tensor(token_ids, device=dev), torch.tensor(positions, device=dev), attn

@@ -3,6 +3,8 @@ teaching app (app.py) adds pages and sockets to the same blueprints."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from flask import Flask
 
 from engine.serving.fleet import Fleet
@@ -10,7 +12,8 @@ from web.openai_api import DEFAULT_PING_S, MAX_BODY_BYTES, api
 
 
 def create_api_app(fleet: Fleet, sse_ping_s: float = DEFAULT_PING_S) -> Flask:
-    app = Flask(__name__)
+    root = Path(__file__).resolve().parent.parent  # templates/ and static/ live at the top level
+    app = Flask(__name__, static_folder=str(root / "static"), template_folder=str(root / "templates"))
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["SSE_PING_S"] = sse_ping_s
     app.extensions["servelab_fleet"] = fleet

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels.attention import paged_attention_decode, prefill_attention, store_kv
+from engine.kernels import Impl, paged_attention_decode, prefill_attention, store_kv
 
 
 @dataclass
@@ -87,6 +87,8 @@ class Llama(nn.Module):
         self.rope_cos = torch.empty(0)
         self.rope_sin = torch.empty(0)
         self.packed_lm_head: torch.Tensor | None = None
+        # The one switch between kernels: None picks by device (Triton on CUDA, torch on CPU).
+        self.attention_impl: Impl | None = None
 
     def prepack(self) -> bool:
         """bf16 on CPU: keep each matmul weight also in oneDNN's blocked layout, which ran decode
@@ -153,21 +155,19 @@ class Llama(nn.Module):
         q = _rope(qkv[:, :q_size].view(num_tokens, cfg.num_heads, d), cos, sin)
         k = _rope(qkv[:, q_size : q_size + kv_size].view(num_tokens, cfg.num_kv_heads, d), cos, sin)
         v = qkv[:, q_size + kv_size :].view(num_tokens, cfg.num_kv_heads, d)
-        store_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        impl = self.attention_impl
+        store_kv(k, v, k_cache, v_cache, attn.slot_mapping, impl)
         scale = d**-0.5
         outs = []
         nd = attn.num_decodes
         if nd:
-            outs.append(
-                paged_attention_decode(
-                    q[:nd], k_cache, v_cache, attn.decode_block_tables, attn.decode_context_lens, scale
-                )
-            )
+            tables, lens = attn.decode_block_tables, attn.decode_context_lens
+            outs.append(paged_attention_decode(q[:nd], k_cache, v_cache, tables, lens, scale, impl))
         for chunk in attn.prefills:
             span = slice(chunk.start, chunk.start + chunk.length)
             outs.append(
                 prefill_attention(
-                    q[span], k[span], v[span], k_cache, v_cache, chunk.block_table, chunk.num_cached, scale
+                    q[span], k[span], v[span], k_cache, v_cache, chunk.block_table, chunk.num_cached, scale, impl
                 )
             )
         out = outs[0] if len(outs) == 1 else torch.cat(outs)

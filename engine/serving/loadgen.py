@@ -74,7 +74,7 @@ class LoadRequest:
     max_tokens: int
 
 
-def _length(rng: random.Random, mean: int, ratio: float) -> int:
+def draw_length(rng: random.Random, mean: int, ratio: float) -> int:
     lo = max(1, int(mean * (1 - ratio)))
     return rng.randint(lo, max(lo, int(mean * (1 + ratio))))
 
@@ -90,7 +90,7 @@ def make_requests(
     run = uuid.uuid4().hex[:8]  # ids stay unique if one router serves several runs
     requests = []
     for i in range(num_requests):
-        n_in, n_out = _length(rng, prompt_tokens, range_ratio), _length(rng, output_tokens, range_ratio)
+        n_in, n_out = draw_length(rng, prompt_tokens, range_ratio), draw_length(rng, output_tokens, range_ratio)
         ids = [rng.randrange(*VOCAB) for _ in range(n_in)]
         requests.append(LoadRequest(f"load-{run}-{i}", ids, n_out))
     return requests

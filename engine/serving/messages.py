@@ -31,6 +31,13 @@ class Drain:
 
 
 @dataclass
+class Reconfigure:
+    """Levers the running engine takes in place (max_num_seqs, chunked_prefill, ...)."""
+
+    changes: dict[str, Any]
+
+
+@dataclass
 class Stop:
     """Stop now; resident requests end with an error."""
 

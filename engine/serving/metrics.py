@@ -12,9 +12,11 @@ from collections import deque
 from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
+from engine.serving.events import EventLog
 from engine.serving.messages import StepMessage
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+COUNTERS = ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits")  # per-replica running totals
 WINDOW_S = 30.0  # sliding window for the live percentiles and rates
 
 
@@ -40,8 +42,9 @@ class Histogram:
 
 
 class MetricsBus:
-    def __init__(self, clock: Clock = WALL_CLOCK) -> None:
+    def __init__(self, clock: Clock = WALL_CLOCK, events: EventLog | None = None) -> None:
         self.clock = clock
+        self.events = events or EventLog(clock)
         self.histograms = {
             name: Histogram()
             for name in (
@@ -59,6 +62,7 @@ class MetricsBus:
         self._recent_ttft: deque[tuple[float, float]] = deque()
         self._recent_itl: deque[tuple[float, float]] = deque()
         self._recent_tokens: deque[tuple[float, int]] = deque()
+        self._retired = dict.fromkeys(COUNTERS, 0)  # counters only grow: keep what retired replicas did
         self._lock = threading.Lock()
 
     def observe(self, msg: StepMessage) -> None:
@@ -66,6 +70,10 @@ class MetricsBus:
         with self._lock:
             self.replica_states[msg.replica_id] = msg.state
             if msg.stats:
+                before = self.replica_stats.get(msg.replica_id, {}).get("num_preemptions", 0)
+                preempted = msg.stats.get("num_preemptions", 0) - before
+                if preempted > 0:
+                    self.events.emit("preempted", f"replica {msg.replica_id} preempted {preempted} request(s)")
                 self.replica_stats[msg.replica_id] = msg.stats
             produced = sum(len(d.token_ids) for d in msg.deltas)
             self.generation_tokens += produced
@@ -74,8 +82,23 @@ class MetricsBus:
             for delta in msg.deltas:
                 if delta.finished and delta.finish_reason == "abort" and delta.times:
                     self.wasted_tokens += len(delta.times["tokens"])
+                    self.events.emit("cancelled", f"{delta.request_id} cancelled", id=delta.request_id)
+                elif delta.finished:
+                    n = len(delta.times["tokens"]) if delta.times else 0
+                    self.events.emit("finished", f"{delta.request_id} finished ({n} tokens)", id=delta.request_id)
                 if delta.finished and delta.times:
                     self._finish(delta.num_prompt_tokens, delta.times, msg.time)
+
+    def forget(self, replica_id: int) -> None:
+        """A retired replica's last stats no longer count toward the fleet's running totals."""
+        with self._lock:
+            last = self.replica_stats.pop(replica_id, {})
+            for key in COUNTERS:
+                self._retired[key] += last.get(key, 0)
+            self.replica_states.pop(replica_id, None)
+
+    def _counter(self, stats: list[dict[str, Any]], key: str) -> int:
+        return self._retired[key] + sum(s.get(key, 0) for s in stats)
 
     def _finish(self, prompt_tokens: int, times: dict[str, Any], now: float) -> None:
         self.prompt_tokens += prompt_tokens
@@ -119,7 +142,9 @@ class MetricsBus:
                 "tokens_per_s": sum(n for _, n in self._recent_tokens) / span,
                 "replicas": states,
                 "rejected": dict(rejected or {}),
-                "preempted": sum(s.get("num_preemptions", 0) for s in stats),
+                "preempted": self._counter(stats, "num_preemptions"),
+                "batch_size": sum(s.get("batch_size", 0) for s in stats),
+                "max_num_seqs": sum(s.get("max_num_seqs", 0) for s in stats),
             }
 
     def prometheus_text(self, model: str, queue_depth: int = 0, rejected: dict[str, int] | None = None) -> str:
@@ -137,9 +162,9 @@ class MetricsBus:
         with self._lock:
             stats = list(self.replica_stats.values())
             lines.append(
-                f"vllm:prefix_cache_queries_total{{{label}}} {sum(s.get('prefix_cache_queries', 0) for s in stats)}"
+                f"vllm:prefix_cache_queries_total{{{label}}} {self._counter(stats, 'prefix_cache_queries')}"
             )
-            lines.append(f"vllm:prefix_cache_hits_total{{{label}}} {sum(s.get('prefix_cache_hits', 0) for s in stats)}")
+            lines.append(f"vllm:prefix_cache_hits_total{{{label}}} {self._counter(stats, 'prefix_cache_hits')}")
             for name, histogram in self.histograms.items():
                 lines += histogram.lines(f"vllm:{name}", label)
         for reason, count in sorted(snap["rejected"].items()):

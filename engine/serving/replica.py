@@ -27,6 +27,7 @@ from engine.serving.messages import (
     AddRequest,
     Drain,
     Heartbeat,
+    Reconfigure,
     RequestError,
     StepMessage,
     Stop,
@@ -44,6 +45,7 @@ def replica_main(
     """The child process: load the engine, then loop: take commands, step, report."""
     from engine.errors import InvalidParamError
     from engine.llm_engine import LLMEngine
+    from engine.memory import copy_bandwidth_gbs
 
     clock = WALL_CLOCK
     if cores:
@@ -56,9 +58,11 @@ def replica_main(
         outbox.put(StepMessage(replica_id, clock.now(), state="failed", stats={"error": str(exc)}))
         return
     state = "ready"
+    bandwidth = copy_bandwidth_gbs(config.device)
 
     def stats() -> dict[str, Any]:
-        return engine.stats() | {"max_num_seqs": config.max_num_seqs, "pid": os.getpid()}
+        facts = {"max_num_seqs": engine.config.max_num_seqs, "pid": os.getpid(), "copy_gbs": bandwidth}
+        return engine.stats() | facts
 
     outbox.put(StepMessage(replica_id, clock.now(), stats=stats(), state=state))
     last_sent = clock.now()
@@ -86,6 +90,8 @@ def replica_main(
                     errors.append(RequestError(cmd.request_id, err.param, err.message))
             elif isinstance(cmd, AbortRequest):
                 engine.abort(cmd.request_id)
+            elif isinstance(cmd, Reconfigure):
+                engine.reconfigure(**cmd.changes)
             elif isinstance(cmd, Drain):
                 state = "draining"
             elif isinstance(cmd, Stop):
@@ -223,6 +229,11 @@ class ReplicaHandle:
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(AbortRequest(request_id))
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Levers the engine takes in place; they apply from its next step."""
+        self.config = self.config.replace(**changes)
+        self._inbox.put(Reconfigure(changes))
 
     def drain(self) -> None:
         with self._lock:

@@ -18,6 +18,7 @@ from engine.block_manager import blocks_for, chain_hash
 from engine.clock import WALL_CLOCK, Clock
 from engine.errors import ServingError
 from engine.sampling_params import SamplingParams
+from engine.serving.events import EventLog
 from engine.serving.messages import RequestError
 from engine.serving.rate_limit import RateLimiter
 from engine.serving.replica import ReplicaHandle
@@ -52,10 +53,17 @@ class RouterConfig:
 
 
 class Router:
-    def __init__(self, replicas: list[ReplicaHandle], config: RouterConfig, clock: Clock = WALL_CLOCK) -> None:
-        self.replicas = replicas
+    def __init__(
+        self,
+        replicas: list[ReplicaHandle],
+        config: RouterConfig,
+        clock: Clock = WALL_CLOCK,
+        events: EventLog | None = None,
+    ) -> None:
+        self.replicas = list(replicas)
         self.config = config
         self.clock = clock
+        self.events = events or EventLog(clock)
         self.queue = RequestQueue(config.queue_cap, config.deadline_s, clock)
         self.limiter = RateLimiter(config.rate_limit, clock)
         self.rejected: dict[str, int] = {}
@@ -90,6 +98,7 @@ class Router:
             self.max_depth_seen = max(self.max_depth_seen, len(self.queue))
         if not admission.admitted:
             raise self._refuse(429, "queue_full", "the request queue is full", retry_after_s=admission.retry_after_s)
+        self.events.emit("admitted", f"{request_id} queued ({len(prompt_token_ids)} prompt tokens)", id=request_id)
         self._wake.set()
         return events
 
@@ -105,6 +114,28 @@ class Router:
         for replica in self.replicas:
             replica.abort(request_id)
 
+    def reconfigure(
+        self, queue_cap: int | None = None, deadline_s: float | None = None, rate_limit: float | None = None
+    ) -> None:
+        """The queue and rate-limit levers, in place: requests already queued keep their place
+        (a lower cap only refuses new arrivals) and their deadline."""
+        with self._lock:
+            if queue_cap is not None:
+                self.config.queue_cap = self.queue.cap = queue_cap
+            if deadline_s is not None:
+                self.config.deadline_s = self.queue.deadline_s = deadline_s
+            if rate_limit is not None:
+                self.config.rate_limit = rate_limit or None
+                self.limiter = RateLimiter(self.config.rate_limit, self.clock)
+
+    def set_replicas(self, replicas: list[ReplicaHandle]) -> None:
+        """The replicas to dispatch to from now on (the fleet adds, retires or rebuilds them)."""
+        with self._lock:
+            self.replicas = list(replicas)
+            for replica in replicas:
+                self._prefixes.setdefault(replica.replica_id, OrderedDict())
+        self._wake.set()
+
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
@@ -118,11 +149,11 @@ class Router:
             self._wake.clear()
             with self._lock:
                 for expired in self.queue.take_expired():
-                    self._count("deadline")
+                    self._count("deadline", expired.request_id)
                     expired.payload.put(RequestError(expired.request_id, None, "deadline passed while queued"))
                 if self.replicas and all(r.state in ("failed", "stopped") for r in self.replicas):
                     while (stranded := self.queue.pop()) is not None:  # nothing will ever serve them
-                        self._count("no_replica")
+                        self._count("no_replica", stranded.request_id)
                         stranded.payload.put(RequestError(stranded.request_id, None, "no replica is available"))
                 while (head := self.queue.peek()) is not None:
                     replica = self._pick(head)
@@ -138,7 +169,7 @@ class Router:
         for replica in self.replicas:
             if not self._has_room(replica, request):
                 continue
-            known = self._prefixes[replica.replica_id]
+            known = self._prefixes.setdefault(replica.replica_id, OrderedDict())
             cached = next((i for i, h in enumerate(hashes) if h not in known), len(hashes))
             key = (cached, -replica.num_in_flight)
             if best_key is None or key > best_key:
@@ -165,7 +196,7 @@ class Router:
         return request.block_hashes
 
     def _remember_prefix(self, replica: ReplicaHandle, request: QueuedRequest) -> None:
-        known = self._prefixes[replica.replica_id]
+        known = self._prefixes.setdefault(replica.replica_id, OrderedDict())
         for h in self._block_hashes(request):
             known[h] = None
             known.move_to_end(h)
@@ -176,5 +207,6 @@ class Router:
         self._count(reason)
         return AdmissionError(status, reason, message, **kwargs)  # type: ignore[arg-type]
 
-    def _count(self, reason: str) -> None:
+    def _count(self, reason: str, request_id: str | None = None) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        self.events.emit("rejected", f"{request_id or 'a request'} refused: {reason}", reason=reason)

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from werkzeug.serving import make_server
@@ -38,7 +39,13 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
         "API keys: %s",
         "required (SERVELAB_API_KEYS)" if keys else "none: the API is open (localhost classroom default)",
     )
-    server = make_server(args.host, args.port, create_api_app(fleet, args.sse_ping_s), threaded=True)
+    return serve_app(fleet, create_api_app(fleet, args.sse_ping_s), args.host, args.port)
+
+
+def serve_app(fleet: Fleet, app: Any, host: str, port: int, on_stop: Callable[[], None] | None = None) -> int:
+    """Serve a WSGI app over this fleet until SIGTERM or SIGINT, then drain: /ready turns 503,
+    queued and running requests finish (up to the drain timeout), the replicas stop."""
+    server = make_server(host, port, app, threaded=True)
     stopping = threading.Event()
 
     def on_sigterm(signum: int, frame: object) -> None:
@@ -48,6 +55,8 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
         log.info("SIGTERM: draining")
 
         def drain() -> None:
+            if on_stop is not None:
+                on_stop()
             fleet.drain_and_stop()
             server.shutdown()
 
@@ -58,9 +67,9 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
     log.info(
         "serving %s on http://%s:%d with %d replica(s); loading...",
         fleet.model_name,
-        args.host,
+        host,
         server.port,
-        args.replicas,
+        len(fleet.replicas),
     )
     if not fleet.wait_ready():
         log.error("a replica failed to start")

@@ -1,0 +1,92 @@
+"""ServeLab's teaching app: `python app.py` serves the pages, the OpenAI-compatible API, the
+live Socket.IO stream and the live engine (replica processes) on http://127.0.0.1:5000.
+
+Flask-SocketIO runs in threading mode, passed explicitly: the product card lists eventlet, but
+eventlet is deprecated by its authors and, like gevent, locked the server up with torch in the
+process when measured here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from flask import Flask
+from flask_socketio import SocketIO
+
+from engine.config import EngineConfig
+from engine.levers import LEVERS, parse_bool, validate_levers
+from engine.serving.fleet import Fleet, FleetConfig
+from engine.serving.lab import LiveLab
+from engine.serving.router import RouterConfig
+from web import create_api_app
+from web.lessons import LessonLibrary
+from web.live import LiveChannel
+from web.pages import pages
+
+ENGINE_LEVERS = (
+    "paged",
+    "block_size",
+    "kv_budget_mb",
+    "max_num_seqs",
+    "max_batched_tokens",
+    "chunked_prefill",
+    "prefix_caching",
+)
+
+
+def build_lab(levers: dict | None = None, engine: dict | None = None, drain_timeout_s: float = 30.0) -> LiveLab:
+    """The live engine behind the app: a fleet shaped by the levers (defaults where unset)."""
+    values = {key: lever.default for key, lever in LEVERS.items()} | validate_levers(levers or {})
+    engine_config = EngineConfig(**{k: values[k] for k in ENGINE_LEVERS}, **(engine or {}))
+    keys = [k for k in os.environ.get("SERVELAB_API_KEYS", "").split(",") if k]
+    router_config = RouterConfig(
+        queue_cap=values["queue_cap"],
+        deadline_s=values["deadline_s"],
+        rate_limit=values["rate_limit"] or None,
+        api_keys=keys,
+    )
+    replicas = values["gpu_count"] // values["tensor_parallel"]
+    fleet = Fleet(engine_config, router_config, FleetConfig(replicas, drain_timeout_s))
+    return LiveLab(fleet, values)
+
+
+def create_app(lab: LiveLab, instructor_token: str | None = None) -> Flask:
+    """Pages, API and the live stream over one LiveLab."""
+    app = create_api_app(lab.fleet)
+    app.extensions["servelab_lab"] = lab
+    lessons = LessonLibrary()
+    app.extensions["servelab_lessons"] = lessons
+    app.register_blueprint(pages)
+    # cors_allowed_origins=None is Socket.IO's same-origin rule: a page from another origin
+    # cannot drive this engine from a learner's browser.
+    socketio = SocketIO(app, async_mode="threading", cors_allowed_origins=None)
+    app.extensions["servelab_live"] = LiveChannel(socketio, lab, lessons, instructor_token)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python app.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "5000")))
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--drain-timeout-s", type=float, default=30.0)
+    for lever in LEVERS.values():  # every lever is a flag: --request-rate 2, --paged false
+        kind = parse_bool if lever.kind is bool else lever.kind
+        parser.add_argument("--" + lever.key.replace("_", "-"), type=kind, default=None, help=lever.label)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    levers = {key: getattr(args, key) for key in LEVERS if getattr(args, key) is not None}
+    from engine.serving.server import serve_app
+
+    lab = build_lab(levers, {"dtype": args.dtype}, args.drain_timeout_s)
+    token = os.environ.get("SERVELAB_INSTRUCTOR_TOKEN") or None
+    logging.getLogger("servelab.app").info(
+        "levers: %s", "instructor only (SERVELAB_INSTRUCTOR_TOKEN)" if token else "anyone connected may move them"
+    )
+    return serve_app(lab.fleet, create_app(lab, token), args.host, args.port, on_stop=lab.stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

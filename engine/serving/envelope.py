@@ -1,0 +1,128 @@
+"""Back-of-envelope numbers from the live config, and the bottleneck readings from measured
+values: what a learner should be able to predict before moving a lever.
+
+Pure functions over plain dicts (the levers, the replicas' reported facts, a metrics snapshot),
+so they are tested without a model and reused unchanged by the what-if executor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MB = 1024 * 1024
+
+
+def envelope(levers: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
+    """facts: a replica's param_bytes (the weights once each), kv_bytes_per_token,
+    kv_budget_bytes and copy_gbs (its measured memory bandwidth). None until a replica reports."""
+    needed = ("param_bytes", "kv_bytes_per_token", "kv_budget_bytes", "copy_gbs")
+    if not all(facts.get(k) for k in needed):
+        return None
+    tp = int(levers.get("tensor_parallel", 1))
+    per_token = facts["kv_bytes_per_token"]
+    seq_tokens = int(levers["prompt_tokens"]) + int(levers["output_tokens"])
+    kv_per_seq = per_token * seq_tokens
+    seqs_fit = int(facts["kv_budget_bytes"] // kv_per_seq)
+    batch = max(1, min(int(levers["max_num_seqs"]), seqs_fit))
+    step_ms = decode_step_ms(facts, batch, int(levers["prompt_tokens"]) + int(levers["output_tokens"]) // 2, tp)
+    replicas = max(1, int(levers.get("gpu_count", 1)) // tp)
+    return {
+        "weight_mb": facts["param_bytes"] / MB,
+        "weight_mb_per_device": facts["param_bytes"] / tp / MB,
+        "kv_kb_per_token": per_token / 1024,
+        "kv_mb_per_sequence": kv_per_seq / MB,
+        "kv_budget_mb": facts["kv_budget_bytes"] / MB,
+        "sequences_fit": seqs_fit,
+        "batch": batch,
+        "copy_gbs": facts["copy_gbs"],
+        "decode_step_ms": step_ms,
+        "capacity_tok_s": replicas * batch / (step_ms / 1000),
+    }
+
+
+def decode_step_ms(facts: dict[str, Any], batch: int, mean_context: int, tp: int = 1) -> float:
+    """The memory-bound floor of one decode step: every weight byte (this device's shard) and
+    every cached K/V byte of the batch read once, at the measured copy bandwidth."""
+    bytes_read = facts["param_bytes"] / tp + batch * mean_context * facts["kv_bytes_per_token"] / tp
+    return bytes_read / (facts["copy_gbs"] * 1e9) * 1000
+
+
+def _level(ratio: float | None, warn: float, hot: float) -> str:
+    if ratio is None:
+        return "idle"
+    return "hot" if ratio >= hot else "warn" if ratio >= warn else "ok"
+
+
+def bottlenecks(levers: dict[str, Any], facts: dict[str, Any], snap: dict[str, Any]) -> list[dict[str, Any]]:
+    """Five readings, each a measured value against its limit: ratio, level, and a short text."""
+    out = []
+    total = snap.get("kv_total_blocks") or 0
+    kv = snap["kv_used_blocks"] / total if total else None
+    out.append(
+        {
+            "key": "kv_pressure",
+            "label": "KV cache pressure",
+            "ratio": kv,
+            "level": _level(kv, 0.7, 0.9),
+            "text": f"{snap['kv_used_blocks']} of {total} blocks in use" if total else "no replica reporting",
+        }
+    )
+    tp = int(levers.get("tensor_parallel", 1))
+    if facts.get("param_bytes") and facts.get("kv_budget_bytes"):
+        per_device = facts["param_bytes"] / tp
+        share = per_device / (per_device + facts["kv_budget_bytes"])
+        text = f"{per_device / MB:.0f} MB of weights per device ({share:.0%} of its model + KV memory)"
+    else:
+        share, text = None, "no replica reporting"
+    out.append(
+        {
+            "key": "weights",
+            "label": "Per-device weight footprint",
+            "ratio": share,
+            "level": _level(share, 0.5, 0.8),
+            "text": text,
+        }
+    )
+    batch = snap.get("batch_size") or 0
+    if facts.get("copy_gbs") and batch:
+        mean_context = int(levers["prompt_tokens"]) + int(levers["output_tokens"]) // 2
+        replicas = max(1, sum(n for s, n in snap.get("replicas", {}).items() if s == "ready"))
+        capacity = replicas * batch / (decode_step_ms(facts, batch, mean_context, tp) / 1000)
+        used = snap["tokens_per_s"] / capacity
+        text = f"{snap['tokens_per_s']:.0f} tok/s against a roofline of {capacity:.0f} at batch {batch}"
+    else:
+        used, text = None, "no decode running"
+    out.append(
+        {
+            "key": "decode",
+            "label": "Decode throughput vs capacity",
+            "ratio": used,
+            "level": _level(used, 0.5, 0.8),
+            "text": text,
+        }
+    )
+    slots = snap.get("max_num_seqs") or 0
+    saturation = snap["running"] / slots if slots else None
+    out.append(
+        {
+            "key": "slots",
+            "label": "Batch slot saturation",
+            "ratio": saturation,
+            "level": _level(saturation, 0.75, 0.95),
+            "text": f"{snap['running']} of {slots} slots running" if slots else "no replica reporting",
+        }
+    )
+    target_s = int(levers["ttft_target_ms"]) / 1000
+    p99 = snap.get("ttft_p99")
+    ttft = None if p99 is None else p99 / target_s
+    out.append(
+        {
+            "key": "ttft",
+            "label": "Time to first token (p99)",
+            "ratio": ttft,
+            "level": _level(ttft, 0.7, 1.0),
+            "text": "no finished requests yet"
+            if p99 is None
+            else f"p99 {p99 * 1000:.0f} ms against a {target_s * 1000:.0f} ms target",
+        }
+    )
+    return out

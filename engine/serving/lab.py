@@ -1,0 +1,190 @@
+"""The live lab: the levers' current values over one running fleet, and what moving one does.
+
+A change reaches the engine the cheapest way it can (engine/levers.py says which): the traffic
+generator reads load levers on its next arrival; the router takes queue levers in place; the
+replicas take batch levers in place from their next step; and the rest rebuild the replicas
+in the background (old ones drain, so nothing running is cut), with the status visible."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from engine.errors import InvalidParamError, ServingError
+from engine.levers import LEVERS, validate_levers
+from engine.serving.envelope import bottlenecks, envelope
+from engine.serving.events import EventLog
+from engine.serving.fleet import Fleet
+from engine.serving.traffic import TrafficDriver
+
+log = logging.getLogger("servelab.lab")
+
+LIVE_MODEL = "SmolLM2-135M"
+ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
+ENGINE_IN_PLACE = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching")
+ENGINE_REBUILD = ("paged", "block_size", "kv_budget_mb")
+FLOOD_MAX_RATE = 200.0
+
+
+def live_devices(device: str) -> int:
+    """What `gpu_count` may reach live: CUDA devices on a GPU machine, else this process's cores."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.device_count()
+    return len(os.sched_getaffinity(0))
+
+
+class LiveLab:
+    def __init__(self, fleet: Fleet, levers: dict[str, Any] | None = None) -> None:
+        self.fleet = fleet
+        self.levers = {key: lever.default for key, lever in LEVERS.items()} | (levers or {})
+        self.levers["gpu_count"] = len(fleet.replicas)
+        self.devices = live_devices(fleet.engine_config.device)
+        self.status = "starting"
+        self._lock = threading.Lock()
+        api_key = (fleet.router.config.api_keys or [None])[0]  # flood traffic passes the key check
+        self.traffic = TrafficDriver(lambda: fleet.router, lambda: self.levers, api_key=api_key or "flood")
+        threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
+
+    @property
+    def events(self) -> EventLog:
+        return self.fleet.events
+
+    # levers -------------------------------------------------------------------------------------
+
+    def set_levers(self, changes: dict[str, Any], source: str = "lab") -> dict[str, Any]:
+        """Validate, then apply; returns what changed and how. A bad value raises
+        InvalidParamError naming the lever, and nothing is applied."""
+        clean = validate_levers(changes)
+        with self._lock:
+            merged = self.levers | clean
+            self._check_live(clean, merged)
+            changed = {k: v for k, v in clean.items() if self.levers[k] != v}
+            rebuild = [k for k in changed if k in ENGINE_REBUILD or k in ("gpu_count", "tensor_parallel", "model")]
+            if rebuild and self.status == "rebuilding":
+                raise ServingError(
+                    409, "the replicas are still being rebuilt; try again when they are ready", rebuild[0], "busy"
+                )
+            self.levers = merged
+            router = {k: changed[k] for k in ROUTER_LEVERS if k in changed}
+            if router:
+                self.fleet.router.reconfigure(**router)
+            in_place = {k: changed[k] for k in ENGINE_IN_PLACE if k in changed}
+            if in_place:
+                self.fleet.reconfigure(**in_place)
+            if rebuild:
+                self._rebuild()
+        if changed:
+            text = ", ".join(f"{k}={v}" for k, v in changed.items())
+            how = "rebuilding replicas" if rebuild else "applied in place"
+            self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
+        return {"changed": changed, "rebuild": bool(rebuild), "levers": dict(self.levers)}
+
+    def _check_live(self, clean: dict[str, Any], merged: dict[str, Any]) -> None:
+        if "model" in clean and clean["model"] != LIVE_MODEL:
+            raise InvalidParamError(
+                "model",
+                f"{clean['model']} cannot run live here: only {LIVE_MODEL} fits this machine. "
+                "Its numbers are in the back-of-envelope panel's reasoning; the live engine stays on "
+                f"{LIVE_MODEL}.",
+            )
+        tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
+        if count > self.devices:
+            what = "CUDA GPUs" if self.fleet.engine_config.device.startswith("cuda") else "CPU cores"
+            raise InvalidParamError(
+                "gpu_count",
+                f"this machine has {self.devices} {what}, so the live engine runs at most {self.devices} "
+                f"devices; {count} is beyond what is present",
+            )
+        if tp > 1:
+            raise InvalidParamError("tensor_parallel", "tensor-parallel replicas are not available in this build")
+        if count % tp:
+            raise InvalidParamError("gpu_count", f"must be a multiple of tensor_parallel ({tp})")
+
+    def _rebuild(self) -> None:
+        config = self.fleet.engine_config.replace(
+            paged=self.levers["paged"],
+            block_size=self.levers["block_size"],
+            kv_budget_mb=self.levers["kv_budget_mb"],
+        )
+        self.status = "rebuilding"
+        self.fleet.rebuild(config, int(self.levers["gpu_count"]) // int(self.levers["tensor_parallel"]))
+        threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
+
+    def _await_ready(self) -> None:
+        ok = self.fleet.wait_ready()
+        self.status = "serving" if ok else "failed"
+        self.events.emit("replica", "all replicas ready" if ok else "a replica failed to start")
+
+    # traffic ------------------------------------------------------------------------------------
+
+    def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> dict[str, Any]:
+        """start: send at request_rate; ramp: climb linearly to ramp_to over ramp_s; stop."""
+        if action == "stop":
+            self.traffic.stop()
+            self.events.emit("flood", "traffic stopped")
+        elif action in ("start", "ramp"):
+            if action == "ramp":
+                if (
+                    not isinstance(ramp_to, (int, float))
+                    or isinstance(ramp_to, bool)
+                    or not 0 < ramp_to <= FLOOD_MAX_RATE
+                ):
+                    raise InvalidParamError("to", f"the ramp's target rate must be in (0, {FLOOD_MAX_RATE:g}] req/s")
+                if not isinstance(ramp_s, (int, float)) or not 0 <= ramp_s <= 600:
+                    raise InvalidParamError("over_s", "the ramp's duration must be in [0, 600] s")
+            self.traffic.start(ramp_to if action == "ramp" else None, float(ramp_s))
+            what = (
+                f"ramping to {ramp_to:g} req/s over {ramp_s:g} s"
+                if action == "ramp"
+                else (f"sending {self.levers['request_rate']:g} req/s")
+            )
+            self.events.emit("flood", f"traffic on: {what}")
+        else:
+            raise InvalidParamError("action", "must be start, ramp or stop")
+        return self.traffic_state()
+
+    def traffic_state(self) -> dict[str, Any]:
+        return {
+            "running": self.traffic.running,
+            "rate": round(self.traffic.current_rate(), 2),
+            "sent": self.traffic.sent,
+            "refused": self.traffic.refused,
+        }
+
+    # what the pages and the live stream show ----------------------------------------------------
+
+    def facts(self) -> dict[str, Any]:
+        """What the first reporting replica measured about itself (weights, KV, bandwidth)."""
+        for replica in list(self.fleet.replicas):
+            if replica.stats.get("param_bytes"):
+                return replica.stats
+        return {}
+
+    def live_state(self) -> dict[str, Any]:
+        config = self.fleet.engine_config
+        return {
+            "model": self.fleet.model_name,
+            "device": config.device,
+            "dtype": config.dtype,
+            "devices": self.devices,
+            "status": self.status,
+            "levers": dict(self.levers),
+            "envelope": envelope(self.levers, self.facts()),
+            "traffic": self.traffic_state(),
+        }
+
+    def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """A metrics snapshot plus the lab's view of it, for the live stream."""
+        return snap | {
+            "status": self.status,
+            "bottlenecks": bottlenecks(self.levers, self.facts(), snap),
+            "traffic": self.traffic_state(),
+            "ttft_target_ms": self.levers["ttft_target_ms"],
+        }
+
+    def stop(self) -> None:
+        self.traffic.stop()

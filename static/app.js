@@ -1,0 +1,282 @@
+// ServeLab's browser side: one Socket.IO connection to /live, charts fed by Plotly.extendTraces,
+// levers sent as set_levers, traffic as flood, scenario cards as scenario. No framework.
+(function () {
+  "use strict";
+  const WINDOW_POINTS = 360; // about a minute of snapshots
+  const $ = (sel, root) => (root || document).querySelector(sel);
+  const $$ = (sel, root) => Array.from((root || document).querySelectorAll(sel));
+
+  // The instructor's token arrives once as ?token=..., then lives in this browser only.
+  const params = new URLSearchParams(location.search);
+  if (params.has("token")) {
+    localStorage.setItem("servelab-token", params.get("token"));
+    params.delete("token");
+    history.replaceState(null, "", location.pathname + (params.toString() ? "?" + params : ""));
+  }
+  const socket = io("/live", { auth: { token: localStorage.getItem("servelab-token") || "" } });
+  window.servelab = { socket: socket, snapshots: 0, role: null, lab: null };
+
+  // ---- charts ----------------------------------------------------------------------------------
+  const sum = (obj) => Object.values(obj || {}).reduce((a, b) => a + b, 0);
+  const CHARTS = {
+    queue_depth: [["queued", (s) => s.queue_depth]],
+    running: [["running", (s) => s.running], ["waiting in replicas", (s) => s.waiting]],
+    kv_blocks: [["used", (s) => s.kv_used_blocks], ["total", (s) => s.kv_total_blocks, "dot"]],
+    ttft: [["p50", (s) => s.ttft_p50], ["p99", (s) => s.ttft_p99], ["target (p99)", (s) => s.ttft_target_ms / 1000, "dash"]],
+    itl: [["p50", (s) => s.itl_p50], ["p99", (s) => s.itl_p99]],
+    tokens_per_s: [["tok/s", (s) => s.tokens_per_s]],
+    rejected: [["queue full (429)", (s) => s.rejected.queue_full || 0], ["rate limited (429)", (s) => s.rejected.rate_limited || 0],
+               ["deadline", (s) => s.rejected.deadline || 0]],
+    preempted: [["preemptions", (s) => s.preempted]],
+    replicas: [["ready", (s) => s.replicas.ready || 0], ["starting", (s) => s.replicas.starting || 0],
+               ["draining", (s) => s.replicas.draining || 0], ["failed", (s) => s.replicas.failed || 0]],
+    batch_size: [["batch", (s) => s.batch_size], ["slots", (s) => s.max_num_seqs, "dot"]],
+  };
+  const COLORS = ["#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c"];
+  const charts = $$(".chart").map((el) => {
+    const spec = CHARTS[el.dataset.metric];
+    const traces = spec.map(([name, , dash], i) => ({
+      x: [], y: [], name: name, mode: "lines", line: { width: 2, color: COLORS[i % 4], dash: dash || "solid" },
+    }));
+    Plotly.newPlot(el, traces, {
+      height: 190, margin: { l: 44, r: 8, t: 6, b: 28 }, showlegend: true,
+      legend: { orientation: "h", y: -0.25, font: { size: 10 } },
+      xaxis: { title: { text: "" }, ticksuffix: " s", gridcolor: "#eef0f4" },
+      yaxis: { rangemode: "tozero", gridcolor: "#eef0f4" },
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", font: { family: "inherit", size: 11 },
+    }, { displayModeBar: false, responsive: true });
+    return { el: el, spec: spec };
+  });
+  let t0 = null;
+  function plot(snap) {
+    if (t0 === null) t0 = snap.time;
+    const t = +(snap.time - t0).toFixed(2);
+    for (const c of charts) {
+      const ys = c.spec.map(([, f]) => { const v = f(snap); return v === null || v === undefined ? null : v; });
+      Plotly.extendTraces(c.el, { x: ys.map(() => [t]), y: ys.map((v) => [v]) }, ys.map((_, i) => i), WINDOW_POINTS);
+    }
+  }
+
+  // ---- panels -----------------------------------------------------------------------------------
+  const fmt = (v, digits) => (v === null || v === undefined ? "–" : Number(v).toLocaleString(undefined, { maximumFractionDigits: digits }));
+  const ENV = {
+    weight_mb: (v) => fmt(v, 0) + " MB", weight_mb_per_device: (v) => fmt(v, 0) + " MB",
+    kv_kb_per_token: (v) => fmt(v, 1) + " KB", kv_mb_per_sequence: (v) => fmt(v, 1) + " MB",
+    kv_budget_mb: (v) => fmt(v, 0) + " MB", sequences_fit: (v) => fmt(v, 0),
+    copy_gbs: (v) => fmt(v, 1) + " GB/s", decode_step_ms: (v) => fmt(v, 1) + " ms", capacity_tok_s: (v) => fmt(v, 0) + " tok/s",
+  };
+  function showLab(lab) {
+    window.servelab.lab = lab;
+    const env = lab.envelope;
+    for (const dd of $$("[data-env]")) dd.textContent = env ? ENV[dd.dataset.env](env[dd.dataset.env]) : "waiting for a replica…";
+    for (const input of $$("#lever-form [name]")) {
+      if (document.activeElement === input || input.dataset.pending) continue;
+      setInput(input, lab.levers[input.name]);
+    }
+    const t = lab.traffic;
+    if ($("#traffic-state")) {
+      $("#traffic-state").textContent = t.running ? "on" : "off";
+      $("#traffic-state").className = "small " + (t.running ? "on" : "muted");
+      $("#traffic-rate").textContent = fmt(t.rate, 1);
+      $("#traffic-sent").textContent = t.sent;
+      $("#traffic-refused").textContent = t.refused;
+    }
+    $("#status-text").textContent = lab.status;
+    $("#status-dot").className = "dot " + lab.status;
+    if ($("#live-status")) {
+      $("#live-status").textContent = lab.status;
+      $("#live-replicas").textContent = lab.levers.gpu_count / lab.levers.tensor_parallel;
+      $("#live-kv").textContent = lab.levers.kv_budget_mb + " MB per device";
+    }
+  }
+  function showBottlenecks(list) {
+    const ul = $("#bottleneck-list");
+    if (!ul) return;
+    ul.innerHTML = "";
+    for (const b of list) {
+      const li = document.createElement("li");
+      li.className = "bn " + b.level;
+      const pct = b.ratio === null ? 0 : Math.min(100, Math.round(b.ratio * 100));
+      li.innerHTML = '<div class="bn-head"><span></span><b></b></div><div class="bar"><i></i></div><small></small>';
+      li.querySelector("span").textContent = b.label;
+      li.querySelector("b").textContent = b.ratio === null ? "–" : Math.round(b.ratio * 100) + "%";
+      li.querySelector("i").style.width = pct + "%";
+      li.querySelector("small").textContent = b.text;
+      ul.appendChild(li);
+    }
+  }
+
+  // ---- the stream -------------------------------------------------------------------------------
+  socket.on("hello", (msg) => {
+    window.servelab.role = msg.role;
+    showLab(msg.lab);
+    const badge = $("#role-badge");
+    if (msg.role !== "open") {
+      badge.hidden = false;
+      badge.textContent = msg.role === "instructor" ? "instructor" : "watching";
+    }
+    if (msg.role === "viewer") {
+      document.body.classList.add("viewer");
+      for (const el of $$("#lever-form [name], #traffic button, [data-scenario], [data-evolution], #apply-preset")) el.disabled = true;
+      const status = $("#lever-status");
+      if (status) status.textContent = "The instructor holds the levers; you are watching the same engine.";
+    }
+  });
+  socket.on("metrics", (snap) => {
+    window.servelab.snapshots += 1;
+    if (charts.length) plot(snap);
+    showLab(snap.lab);
+    showBottlenecks(snap.bottlenecks);
+    if ($("#live-running")) {
+      $("#live-running").textContent = snap.running;
+      $("#live-queue").textContent = snap.queue_depth;
+      $("#live-tps").textContent = fmt(snap.tokens_per_s, 0);
+    }
+  });
+  socket.on("connect_error", (err) => { $("#status-text").textContent = "disconnected: " + err.message; });
+  socket.on("disconnect", () => { $("#status-text").textContent = "disconnected"; $("#status-dot").className = "dot failed"; });
+
+  const timeline = $("#timeline");
+  const shown = () => new Set($$(".event-filter:checked").map((el) => el.value));
+  socket.on("event", (e) => {
+    if (!timeline) return;
+    const li = document.createElement("li");
+    li.className = "ev ev-" + e.kind;
+    li.dataset.kind = e.kind;
+    li.hidden = e.kind !== "summary" && !shown().has(e.kind);
+    const when = new Date(e.time * 1000).toLocaleTimeString();
+    li.innerHTML = "<time></time> <em></em> <span></span>";
+    li.querySelector("time").textContent = when;
+    li.querySelector("em").textContent = e.kind;
+    li.querySelector("span").textContent = e.message;
+    timeline.prepend(li);
+    while (timeline.children.length > 200) timeline.lastChild.remove();
+  });
+  for (const box of $$(".event-filter")) {
+    box.addEventListener("change", () => {
+      const keep = shown();
+      for (const li of $$("#timeline li")) li.hidden = li.dataset.kind !== "summary" && !keep.has(li.dataset.kind);
+    });
+  }
+
+  // ---- levers -----------------------------------------------------------------------------------
+  function setInput(input, value) {
+    if (input.type === "checkbox") input.checked = !!value;
+    else input.value = value;
+  }
+  function readInput(input) {
+    const kind = input.dataset.kind;
+    if (kind === "bool") return input.checked;
+    if (kind === "str") return input.value;
+    const n = Number(input.value);
+    return input.value.trim() === "" || isNaN(n) ? input.value : n;
+  }
+  function showResult(ack, where) {
+    const el = where || $("#lever-status");
+    if (!el) return;
+    el.classList.toggle("error", !ack.ok);
+    el.textContent = ack.ok ? (ack.rebuild ? "Rebuilding replicas with the new settings…" : "Applied.") : ack.error.message;
+  }
+  for (const input of $$("#lever-form [name]")) {
+    input.addEventListener("change", () => {
+      const label = input.closest(".lever");
+      const err = $(".lever-error", label);
+      input.dataset.pending = "1";
+      socket.emit("set_levers", { [input.name]: readInput(input) }, (ack) => {
+        delete input.dataset.pending;
+        label.classList.toggle("invalid", !ack.ok);
+        err.textContent = ack.ok ? "" : ack.error.message;
+        if (!ack.ok && window.servelab.lab) setInput(input, window.servelab.lab.levers[input.name]);
+        else if (ack.ok) showLab(Object.assign({}, window.servelab.lab, { levers: ack.levers }));
+        showResult(ack);
+      });
+    });
+  }
+  const preset = $("#apply-preset");
+  if (preset) preset.addEventListener("click", () => socket.emit("set_levers", JSON.parse(preset.dataset.levers), (ack) => showResult(ack)));
+
+  // ---- traffic and scenarios ---------------------------------------------------------------------
+  const flood = (msg) => socket.emit("flood", msg, (ack) => showResult(ack, $("#lever-status")));
+  if ($("#traffic-start")) $("#traffic-start").addEventListener("click", () => flood({ action: "start" }));
+  if ($("#traffic-stop")) $("#traffic-stop").addEventListener("click", () => flood({ action: "stop" }));
+  if ($("#flood-button")) {
+    $("#flood-button").addEventListener("click", () =>
+      flood({ action: "ramp", to: Number($("#ramp-to").value), over_s: Number($("#ramp-s").value) }));
+  }
+  const step = Number(document.body.dataset.step) || null;
+  for (const btn of $$("[data-scenario], [data-evolution]")) {
+    btn.addEventListener("click", () => {
+      const msg = btn.dataset.evolution !== undefined ? { evolution: Number(btn.dataset.evolution) }
+        : { step: step, kind: btn.dataset.kind, index: Number(btn.dataset.scenario) };
+      socket.emit("scenario", msg, (ack) => {
+        const out = $("#scenario-result");
+        out.classList.toggle("error", !ack.ok);
+        out.textContent = ack.ok ? ack.title + ": levers set" + (ack.rebuild ? " (rebuilding replicas)" : "") + ". Watch: " + ack.watch
+          : ack.error.message;
+        if (ack.ok && !window.servelab.lab.traffic.running) flood({ action: "start" });
+      });
+    });
+  }
+
+  // ---- the decision question ---------------------------------------------------------------------
+  for (const btn of $$(".option")) {
+    btn.addEventListener("click", () => {
+      for (const other of $$(".option")) {
+        other.classList.toggle("chosen", other === btn);
+        other.classList.add(other.dataset.correct === "true" ? "correct" : "wrong");
+        other.parentElement.querySelector(".why").hidden = false;
+      }
+    });
+  }
+
+  // ---- the learner's own prompt, streamed over the OpenAI API ------------------------------------
+  const form = $("#prompt-form");
+  if (form) {
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const out = $("#prompt-output"), timing = $("#prompt-timing");
+      out.textContent = "";
+      timing.classList.remove("error");
+      timing.textContent = "queued…";
+      const start = performance.now();
+      let first = null, tokens = 0;
+      try {
+        const res = await fetch("/v1/chat/completions", {
+          method: "POST", headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ model: (window.servelab.lab || {}).model, stream: true, max_tokens: Number($("#prompt-max").value),
+            messages: [{ role: "user", content: $("#prompt-text").value }] }),
+        });
+        if (!res.ok) {
+          const body = await res.json();
+          throw new Error(res.status + ": " + body.error.message + (res.headers.get("Retry-After") ? " (retry after " + res.headers.get("Retry-After") + " s)" : ""));
+        }
+        const reader = res.body.getReader(), decoder = new TextDecoder();
+        let buf = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += decoder.decode(value, { stream: true });
+          let cut;
+          while ((cut = buf.indexOf("\n\n")) >= 0) {
+            const line = buf.slice(0, cut).trim();
+            buf = buf.slice(cut + 2);
+            if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+            const msg = JSON.parse(line.slice(6));
+            if (msg.error) throw new Error(msg.error.message);
+            const text = (msg.choices[0].delta || {}).content || "";
+            if (text) {
+              if (first === null) first = performance.now();
+              tokens += 1;
+              out.textContent += text;
+            }
+            timing.textContent = "time to first token " + (first === null ? "…" : Math.round(first - start) + " ms") + " · " + tokens + " chunks";
+          }
+        }
+        timing.textContent = "time to first token " + Math.round((first || performance.now()) - start) + " ms · total " + Math.round(performance.now() - start) + " ms";
+      } catch (err) {
+        timing.classList.add("error");
+        timing.textContent = err.message;
+      }
+    });
+  }
+})();

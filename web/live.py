@@ -1,0 +1,124 @@
+"""The live stream: Socket.IO namespace `/live`.
+
+Server -> browser: `metrics` (a snapshot SNAPSHOT_HZ times a second, with the lab's status,
+bottleneck readings and levers), `event` (one per discrete event), `hello` (on connect: the
+live state and this browser's role). Browser -> server: `set_levers`, `flood`, `scenario`,
+each answered through the acknowledgement callback with {ok, ...} or {ok: false, error}.
+
+When SERVELAB_INSTRUCTOR_TOKEN is set, only a connection that presents it (auth.token) may
+change anything; the others watch. Only the app's own origin may connect (Socket.IO's default
+same-origin check, kept on explicitly in app.py)."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from flask import request
+from flask_socketio import SocketIO
+
+from engine.errors import InvalidParamError, ServingError
+from engine.serving.lab import LiveLab
+from web.evolution import EVOLUTION
+from web.lessons import LessonLibrary
+
+log = logging.getLogger("servelab.live")
+
+NAMESPACE = "/live"
+EVENTS_PER_TICK = 60  # more than this in one tick are summarised, so a flood cannot swamp a browser
+
+
+class LiveChannel:
+    def __init__(self, socketio: SocketIO, lab: LiveLab, lessons: LessonLibrary, token: str | None) -> None:
+        self.socketio = socketio
+        self.lab = lab
+        self.lessons = lessons
+        self.token = token or None
+        self.roles: dict[str, str] = {}
+        self._cursor = 0
+        self._tick_lock = threading.Lock()
+        socketio.on_event("connect", self.on_connect, namespace=NAMESPACE)
+        socketio.on_event("disconnect", self.on_disconnect, namespace=NAMESPACE)
+        socketio.on_event("set_levers", self.on_set_levers, namespace=NAMESPACE)
+        socketio.on_event("flood", self.on_flood, namespace=NAMESPACE)
+        socketio.on_event("scenario", self.on_scenario, namespace=NAMESPACE)
+        lab.fleet.subscribe(self.publish)
+
+    # server -> browsers --------------------------------------------------------------------------
+
+    def publish(self, snap: dict[str, Any]) -> None:
+        """From the fleet's snapshot thread: metrics to every browser, then the new events."""
+        if not self._tick_lock.acquire(blocking=False):
+            return  # the previous tick is still sending: skip rather than pile up
+        try:
+            self.socketio.emit("metrics", self.lab.snapshot(snap) | {"lab": self.lab.live_state()}, namespace=NAMESPACE)
+            events, self._cursor = self.lab.events.since(self._cursor, limit=10_000)
+            for event in events[:EVENTS_PER_TICK]:
+                self.socketio.emit("event", event, namespace=NAMESPACE)
+            if len(events) > EVENTS_PER_TICK:
+                kinds: dict[str, int] = {}
+                for event in events[EVENTS_PER_TICK:]:
+                    kinds[event["kind"]] = kinds.get(event["kind"], 0) + 1
+                summary = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+                self.socketio.emit(
+                    "event", {"kind": "summary", "time": snap["time"], "message": f"and {summary}"}, namespace=NAMESPACE
+                )
+        finally:
+            self._tick_lock.release()
+
+    # browser -> server ---------------------------------------------------------------------------
+
+    def on_connect(self, auth: dict | None = None) -> None:
+        presented = (auth or {}).get("token") if isinstance(auth, dict) else None
+        if self.token is None:
+            role = "open"
+        elif isinstance(presented, str) and hmac.compare_digest(presented, self.token):
+            role = "instructor"
+        else:
+            role = "viewer"
+        self.roles[request.sid] = role  # type: ignore[attr-defined]
+        self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state()}, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
+
+    def on_disconnect(self, *args: Any) -> None:
+        self.roles.pop(request.sid, None)  # type: ignore[attr-defined]
+
+    def on_set_levers(self, data: Any) -> dict[str, Any]:
+        return self._guarded(lambda: self.lab.set_levers(data if isinstance(data, dict) else None, "a learner"))  # type: ignore[arg-type]
+
+    def on_flood(self, data: Any) -> dict[str, Any]:
+        data = data if isinstance(data, dict) else {}
+        return self._guarded(lambda: self.lab.flood(data.get("action", ""), data.get("to"), data.get("over_s", 30.0)))
+
+    def on_scenario(self, data: Any) -> dict[str, Any]:
+        return self._guarded(lambda: self._scenario(data if isinstance(data, dict) else {}))
+
+    def _scenario(self, data: dict[str, Any]) -> dict[str, Any]:
+        """{"evolution": i} or {"step": n, "kind": "scenarios" | "failure_modes", "index": i}."""
+        if "evolution" in data:
+            cards = list(EVOLUTION)
+            index = data["evolution"]
+        else:
+            lesson = self.lessons.step(data.get("step")) if isinstance(data.get("step"), int) else None
+            kind = data.get("kind")
+            if lesson is None or kind not in ("scenarios", "failure_modes"):
+                raise ServingError(400, "name a lesson step and kind (scenarios or failure_modes)", "step")
+            cards = lesson.meta[kind]
+            index = data.get("index")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cards):
+            raise ServingError(400, f"index must be 0 to {len(cards) - 1}", "index")
+        card = cards[index]
+        result = self.lab.set_levers(card["levers"], source=f"scenario '{card['title']}'")
+        return result | {"title": card["title"], "watch": card.get("watch") or card.get("expect")}
+
+    def _guarded(self, action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        try:
+            if self.roles.get(request.sid) == "viewer":  # type: ignore[attr-defined]
+                raise ServingError(403, "only the instructor can change levers; you are watching", None, "forbidden")
+            return {"ok": True, **action()}
+        except ServingError as err:
+            return {"ok": False, **err.body()}
+        except InvalidParamError as err:
+            return {"ok": False, **ServingError(400, err.message, err.param).body()}

@@ -1,0 +1,96 @@
+"""The teaching pages: `/` (the path of steps and the live engine), `/steps/1`..`/steps/8`, and
+`/lab` (every lever), plus the npm-installed browser libraries under /static/vendor/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flask import Blueprint, Response, abort, current_app, render_template, send_file
+
+from engine.errors import ServingError
+from engine.levers import LEVERS
+from engine.serving.lab import LiveLab
+from web.diagram import diagram
+from web.evolution import EVOLUTION
+from web.lessons import CHARTS, LessonLibrary
+
+ROOT = Path(__file__).resolve().parent.parent
+# What /static/vendor/<name> serves, from node_modules (package.json pins the versions).
+VENDOR = {
+    "socket.io.min.js": ROOT / "node_modules/socket.io-client/dist/socket.io.min.js",
+    "plotly.min.js": ROOT / "node_modules/plotly.js-dist-min/plotly.min.js",
+}
+CHART_TITLES = {
+    "queue_depth": "Queue depth",
+    "running": "Running and waiting requests",
+    "kv_blocks": "KV blocks used / total",
+    "ttft": "TTFT p50 / p99 (s)",
+    "itl": "ITL p50 / p99 (s)",
+    "tokens_per_s": "Output tokens/s",
+    "rejected": "Refused requests (total)",
+    "preempted": "Preemptions (total)",
+    "replicas": "Replicas by state",
+    "batch_size": "Batch size / slots",
+}
+APPLY_TAGS = {"load": "traffic", "in_place": "in place", "rebuild": "rebuilds replicas", "sim": "what-if"}
+
+pages = Blueprint("pages", __name__)
+
+
+def lab() -> LiveLab:
+    return current_app.extensions["servelab_lab"]
+
+
+def library() -> LessonLibrary:
+    return current_app.extensions["servelab_lessons"]
+
+
+@pages.get("/")
+def index() -> str:
+    return render_template("index.html", lessons=library().lessons(), live=lab().live_state(), evolution=EVOLUTION)
+
+
+@pages.get("/steps/<int:number>")
+def step(number: int) -> str:
+    lessons = library().lessons()
+    lesson = next((item for item in lessons if item.step == number), None)
+    if lesson is None:
+        abort(404)
+    return render_template(
+        "step.html",
+        lesson=lesson,
+        lessons=lessons,
+        live=lab().live_state(),
+        levers=[LEVERS[key] for key in lesson.meta["levers"]],
+        charts=lesson.meta["charts"],
+        diagram=diagram(number),
+        **_shared(),
+    )
+
+
+@pages.get("/lab")
+def lab_page() -> str:
+    return render_template(
+        "lab.html",
+        lessons=library().lessons(),
+        live=lab().live_state(),
+        levers=list(LEVERS.values()),
+        charts=list(CHARTS),
+        diagram=diagram(None),
+        evolution=EVOLUTION,
+        **_shared(),
+    )
+
+
+@pages.get("/static/vendor/<name>")
+def vendor(name: str) -> Response:
+    path = VENDOR.get(name)
+    if path is None:
+        abort(404)
+    if not path.exists():
+        raise ServingError(500, f"{path.relative_to(ROOT)} is missing: run `make run` (it runs npm ci)", None)
+    return send_file(path, mimetype="text/javascript", max_age=3600)
+
+
+def _shared() -> dict:
+    return {"chart_titles": CHART_TITLES, "apply_tags": APPLY_TAGS}
