@@ -18,10 +18,22 @@ $(STAMP): requirements.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-run: $(STAMP)
-	$(PY) -m engine serve --host "$${HOST:-127.0.0.1}" --port "$${PORT:-5000}"
+# Browser libraries (socket.io-client, plotly.js) come from npm and are served locally: no CDN.
+NODE_STAMP := node_modules/.installed-$(shell cat package-lock.json | cksum | cut -d' ' -f1)
+# The browser tests drive Debian's chromium; Playwright never downloads a browser.
+CHROMIUM := /usr/bin/chromium
 
-test: $(STAMP)
+$(NODE_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(CHROMIUM):
+	apt-get install -y -qq chromium || (apt-get update -qq && apt-get install -y -qq chromium)
+
+run: $(STAMP) $(NODE_STAMP)
+	$(PY) app.py --host "$${HOST:-127.0.0.1}" --port "$${PORT:-5000}"
+
+test: $(STAMP) $(NODE_STAMP) $(CHROMIUM)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
@@ -52,4 +64,4 @@ record-reference: $(BENCH_STAMP)
 	$(PY) tests/reference/record_hf.py
 
 clean:
-	rm -rf $(VENV) .venv-peers .cache
+	rm -rf $(VENV) .venv-peers .cache node_modules

@@ -1,4 +1,5 @@
-"""Start `python -m engine serve` as a real process on a free port, for the API tests."""
+"""Start a real server process on a free port: `python -m engine serve` (the API tests) or
+`python app.py` (the teaching app's tests)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,19 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *flags: str, api_keys: str = "", timeout: float = 240.0) -> None:
+    def __init__(
+        self,
+        *flags: str,
+        api_keys: str = "",
+        timeout: float = 240.0,
+        command: tuple[str, ...] = ("-m", "engine", "serve"),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "SERVELAB_API_KEYS": api_keys}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "SERVELAB_API_KEYS": api_keys, **(env or {})}
         self.log = open(ROOT / "tests" / f".server-{self.port}.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine", "serve", "--port", str(self.port), *flags],
+            [sys.executable, *command, "--port", str(self.port), *flags],
             cwd=ROOT,
             env=env,
             stdout=self.log,

@@ -1,0 +1,89 @@
+"""The back-of-envelope and bottleneck arithmetic, the event log's cursor, and the flood's ramp:
+pure pieces of the live lab, checked against numbers worked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.clock import VirtualClock
+from engine.levers import LEVERS
+from engine.serving.envelope import MB, bottlenecks, decode_step_ms, envelope
+from engine.serving.events import EventLog
+from engine.serving.traffic import Ramp
+
+LEVERS_NOW = {key: lever.default for key, lever in LEVERS.items()} | {"prompt_tokens": 200, "output_tokens": 56}
+# SmolLM2-135M in bf16: 30 layers x 3 KV heads x 64 dims x K and V x 2 bytes = 23,040 bytes a token.
+FACTS = {"param_bytes": 270 * MB, "kv_bytes_per_token": 23040, "kv_budget_bytes": 512 * MB, "copy_gbs": 20.0}
+
+
+def test_envelope_from_the_live_config() -> None:
+    env = envelope(LEVERS_NOW, FACTS)
+    assert env is not None
+    assert env["kv_kb_per_token"] == pytest.approx(22.5)
+    assert env["kv_mb_per_sequence"] == pytest.approx(256 * 23040 / MB)
+    assert env["sequences_fit"] == 512 * MB // (256 * 23040)  # 91
+    assert env["batch"] == 64  # max_num_seqs binds before the KV budget does
+    step_bytes = 270 * MB + 64 * (200 + 28) * 23040
+    assert env["decode_step_ms"] == pytest.approx(step_bytes / 20e9 * 1000)
+    assert env["capacity_tok_s"] == pytest.approx(64 / (env["decode_step_ms"] / 1000))
+
+
+def test_tensor_parallel_halves_the_per_device_weights_and_step_floor() -> None:
+    one = envelope(LEVERS_NOW, FACTS)
+    two = envelope(LEVERS_NOW | {"tensor_parallel": 2, "gpu_count": 2}, FACTS)
+    assert one and two
+    assert two["weight_mb_per_device"] == pytest.approx(one["weight_mb_per_device"] / 2)
+    assert decode_step_ms(FACTS, 8, 100, tp=2) == pytest.approx(decode_step_ms(FACTS, 8, 100) / 2)
+
+
+def test_envelope_waits_for_a_replica_to_report() -> None:
+    assert envelope(LEVERS_NOW, {}) is None
+
+
+def test_bottlenecks_read_measured_values_against_their_limits() -> None:
+    snap = {
+        "kv_used_blocks": 95,
+        "kv_total_blocks": 100,
+        "running": 16,
+        "max_num_seqs": 64,
+        "batch_size": 16,
+        "tokens_per_s": 100.0,
+        "ttft_p99": 1.5,
+        "replicas": {"ready": 1},
+    }
+    readings = {b["key"]: b for b in bottlenecks(LEVERS_NOW, FACTS, snap)}
+    assert set(readings) == {"kv_pressure", "weights", "decode", "slots", "ttft"}
+    assert readings["kv_pressure"]["ratio"] == pytest.approx(0.95) and readings["kv_pressure"]["level"] == "hot"
+    assert readings["slots"]["ratio"] == pytest.approx(0.25) and readings["slots"]["level"] == "ok"
+    assert readings["ttft"]["ratio"] == pytest.approx(1.5) and readings["ttft"]["level"] == "hot"
+    assert readings["weights"]["ratio"] == pytest.approx(270 / (270 + 512))
+    capacity = 16 / (decode_step_ms(FACTS, 16, 228) / 1000)
+    assert readings["decode"]["ratio"] == pytest.approx(100 / capacity)
+
+
+def test_bottlenecks_with_nothing_measured_yet_are_idle() -> None:
+    snap = {"kv_used_blocks": 0, "kv_total_blocks": 0, "running": 0, "tokens_per_s": 0.0, "replicas": {}}
+    assert all(b["level"] == "idle" for b in bottlenecks(LEVERS_NOW, {}, snap))
+
+
+def test_event_log_cursor_sees_each_event_once() -> None:
+    clock = VirtualClock()
+    log = EventLog(clock, keep=3)
+    log.emit("config", "a")
+    first, cursor = log.since(0)
+    assert [e["message"] for e in first] == ["a"]
+    for name in "bcde":
+        log.emit("finished", name)
+    fresh, cursor = log.since(cursor)
+    assert [e["message"] for e in fresh] == ["c", "d", "e"]  # only the newest `keep` are held
+    assert log.since(cursor) == ([], cursor)
+    with pytest.raises(ValueError, match="unknown event kind"):
+        log.emit("nonsense", "x")
+
+
+def test_ramp_climbs_linearly_then_holds() -> None:
+    ramp = Ramp(start_rate=1.0, end_rate=21.0, start_time=10.0, duration_s=20.0)
+    assert ramp.rate(10.0) == 1.0
+    assert ramp.rate(20.0) == pytest.approx(11.0)
+    assert ramp.rate(100.0) == 21.0
+    assert Ramp(1.0, 5.0, 0.0, 0.0).rate(0.0) == 5.0

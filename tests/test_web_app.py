@@ -1,0 +1,224 @@
+"""The teaching app in a real browser: `python app.py` serving the real model in replica
+processes, driven by Playwright over Debian's chromium. Screenshots of every page go to
+tests/artifacts/ (git-ignored) for a person to look at."""
+
+from __future__ import annotations
+
+import http.client
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from engine.levers import LEVERS
+from tests.server_process import ROOT, ServerProcess
+from web.lessons import LessonLibrary
+
+CHROMIUM = "/usr/bin/chromium"
+TOKEN = "teacher-secret"
+ARTIFACTS = ROOT / "tests" / "artifacts"
+PAGES = ["/", *(f"/steps/{n}" for n in range(1, 9)), "/lab"]
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    # A small KV budget and batch keep the engine light on a 2-core machine; the levers still move.
+    proc = ServerProcess(
+        "--kv-budget-mb",
+        "64",
+        "--max-num-seqs",
+        "16",
+        command=("app.py",),
+        env={"SERVELAB_INSTRUCTOR_TOKEN": TOKEN},
+    )
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"]
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.console_errors = []  # type: ignore[attr-defined]
+    page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))  # type: ignore[attr-defined]
+    page.on("pageerror", lambda e: page.console_errors.append(str(e)))  # type: ignore[attr-defined]
+    yield page
+    context.close()
+
+
+def open_as_instructor(page: Page, server: ServerProcess, path: str) -> None:
+    page.goto(f"{server.base_url}{path}?token={TOKEN}")
+    page.wait_for_function("window.servelab && window.servelab.role === 'instructor' && window.servelab.snapshots > 0")
+
+
+def lab_value(page: Page, key: str) -> object:
+    return page.evaluate(f"window.servelab.lab.levers[{key!r}]")
+
+
+def wait_for(page: Page, expression: str, timeout_s: float = 60) -> None:
+    page.wait_for_function(expression, timeout=timeout_s * 1000)
+
+
+def test_every_page_loads_shows_its_levers_and_streams_charts(server: ServerProcess, page: Page) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    lessons = {lesson.step: lesson for lesson in LessonLibrary().lessons()}
+    for path in PAGES:
+        open_as_instructor(page, server, path)
+        if path.startswith("/steps/"):
+            lesson = lessons[int(path.rsplit("/", 1)[1])]
+            keys, charts = list(lesson.meta["levers"]), lesson.meta["charts"]
+            expect(page.locator("#decision .question")).to_have_text(lesson.meta["decision"]["question"])
+        elif path == "/lab":
+            keys, charts = list(LEVERS), ["queue_depth", "kv_blocks", "ttft", "replicas", "batch_size"]
+        else:
+            keys, charts = [], []
+            expect(page.locator("#live-model")).to_contain_text("SmolLM2")
+        for key in keys:
+            expect(page.locator(f"[name={key}]")).to_have_count(1)
+        for chart in charts:
+            selector = f"document.getElementById('chart-{chart}')"
+            before = page.evaluate(f"{selector}.data[0].x.length")
+            wait_for(page, f"{selector}.data[0].x.length > {before} + 2", 10)
+        if charts:  # the back-of-envelope panel is computed from a replica's measured facts
+            expect(page.locator("[data-env=sequences_fit]")).not_to_have_text("…")
+        name = path.strip("/").replace("/", "-") or "index"
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        assert page.console_errors == [], f"{path}: {page.console_errors}"  # type: ignore[attr-defined]
+
+
+def test_snapshots_arrive_at_least_five_times_a_second(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/")
+    start = page.evaluate("window.servelab.snapshots")
+    time.sleep(3.0)
+    assert page.evaluate("window.servelab.snapshots") - start >= 14  # 5/s over 3 s, less one tick of slack
+
+
+def test_moving_levers_reconfigures_the_live_engine(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/steps/2")
+    page.fill("[name=request_rate]", "3.5")
+    page.dispatch_event("[name=request_rate]", "change")
+    wait_for(page, "window.servelab.lab.levers.request_rate === 3.5", 10)
+    # An engine lever travels to the replica process: its own stats report the new slot count.
+    page.fill("[name=max_num_seqs]", "12")
+    page.dispatch_event("[name=max_num_seqs]", "change")
+    wait_for(page, "window.servelab.lab.levers.max_num_seqs === 12", 10)
+    page.evaluate("window.servelab.last = null; window.servelab.socket.on('metrics', s => window.servelab.last = s)")
+    wait_for(page, "window.servelab.last && window.servelab.last.max_num_seqs === 12", 10)
+    # A refused value says why, next to the input, and the running config stays.
+    page.fill("[name=queue_cap]", "0")
+    page.dispatch_event("[name=queue_cap]", "change")
+    expect(page.locator(".lever[data-key=queue_cap] .lever-error")).to_contain_text("at least 1")
+    assert lab_value(page, "queue_cap") == 64
+    page.fill("[name=max_num_seqs]", "16")
+    page.dispatch_event("[name=max_num_seqs]", "change")
+    wait_for(page, "window.servelab.lab.levers.max_num_seqs === 16", 10)
+
+
+def test_gpu_count_beyond_the_devices_present_says_so(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/lab")
+    devices = page.evaluate("window.servelab.lab.devices")
+    page.fill("[name=gpu_count]", str(devices + 1))
+    page.dispatch_event("[name=gpu_count]", "change")
+    expect(page.locator(".lever[data-key=gpu_count] .lever-error")).to_contain_text(f"at most {devices} devices")
+    assert lab_value(page, "gpu_count") == 1
+
+
+def test_decision_question_explains_every_option(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/steps/5")
+    wrong = page.locator(".option[data-correct=false]").first
+    wrong.click()
+    expect(wrong).to_have_class("option chosen wrong")
+    expect(page.locator(".why").first).to_be_visible()
+    expect(page.locator(".option.correct")).to_have_count(1)
+
+
+def test_own_prompt_streams_through_the_queue(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/steps/1")
+    page.fill("#prompt-text", "List three colours of the rainbow.")
+    page.fill("#prompt-max", "12")
+    page.click("#prompt-send")
+    expect(page.locator("#prompt-timing")).to_contain_text("total", timeout=60_000)
+    assert page.inner_text("#prompt-output").strip()
+
+
+def test_flood_fills_a_small_queue_and_shows_429s(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/steps/8")
+    page.evaluate(
+        "window.servelab.maxQueue = 0; window.servelab.socket.on('metrics', s => "
+        "window.servelab.maxQueue = Math.max(window.servelab.maxQueue, s.queue_depth))"
+    )
+    page.fill("[name=queue_cap]", "2")
+    page.dispatch_event("[name=queue_cap]", "change")
+    wait_for(page, "window.servelab.lab.levers.queue_cap === 2", 10)
+    try:
+        page.fill("#ramp-to", "40")
+        page.fill("#ramp-s", "2")
+        page.click("#flood-button")
+        wait_for(page, "window.servelab.lab.traffic.running", 10)
+        wait_for(page, "window.servelab.maxQueue > 0", 60)
+        rejected = "document.getElementById('chart-rejected').data[0].y"
+        wait_for(page, f"{rejected}.length && {rejected}[{rejected}.length - 1] > 0", 60)
+        expect(page.locator("#traffic-refused")).not_to_have_text("0")
+        page.screenshot(path=str(ARTIFACTS / "steps-8-flood.png"), full_page=True)
+    finally:
+        page.click("#traffic-stop")
+        page.fill("[name=queue_cap]", "64")
+        page.dispatch_event("[name=queue_cap]", "change")
+    wait_for(page, "!window.servelab.lab.traffic.running && window.servelab.lab.levers.queue_cap === 64", 10)
+
+
+def test_scenario_card_sets_levers_and_says_what_to_watch(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/steps/2")
+    page.click("[data-kind=scenarios][data-scenario='0']")
+    expect(page.locator("#scenario-result")).to_contain_text("Watch:")
+    wait_for(page, "window.servelab.lab.levers.burstiness === 0.2", 10)
+    page.click("#traffic-stop")
+    page.evaluate("window.servelab.socket.emit('set_levers', {burstiness: 1.0})")
+
+
+def test_a_rebuild_lever_shows_its_status_and_comes_back(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/lab")
+    page.select_option("[name=block_size]", "32")
+    expect(page.locator("#status-text")).to_have_text("rebuilding", timeout=10_000)
+    expect(page.locator("#status-text")).to_have_text("serving", timeout=180_000)
+    assert lab_value(page, "block_size") == 32
+    wait_for(page, "window.servelab.lab.envelope !== null", 30)
+
+
+def test_a_watcher_without_the_token_cannot_change_anything(server: ServerProcess, page: Page) -> None:
+    page.goto(f"{server.base_url}/steps/2")
+    page.wait_for_function("window.servelab && window.servelab.role === 'viewer'")
+    expect(page.locator("[name=request_rate]")).to_be_disabled()
+    expect(page.locator("#role-badge")).to_have_text("watching")
+    for event, payload in (("set_levers", "{request_rate: 9}"), ("flood", "{action: 'start'}")):
+        ack = page.evaluate(
+            f"new Promise(r => window.servelab.socket.emit({event!r}, {payload}, r))"
+        )
+        assert ack["ok"] is False and ack["error"]["code"] == "forbidden", ack
+    assert lab_value(page, "request_rate") != 9
+
+
+def test_socketio_refuses_a_foreign_origin(server: ServerProcess) -> None:
+    def handshake(origin: str) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("GET", "/socket.io/?EIO=4&transport=polling", headers={"Origin": origin})
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    assert handshake(f"http://127.0.0.1:{server.port}") == 200
+    assert handshake("http://evil.example") == 400
