@@ -1,0 +1,250 @@
+"""The autoscaler: reads the fleet's load, decides how many replicas should serve, and asks the
+fleet for them.
+
+Three signals come from the metrics bus: requests queued (the router's queue plus any waiting
+inside replicas), batch-slot use (sequences in the batch / max_num_seqs) and KV use (blocks used /
+blocks held). Pressure on any of them for the whole short window (up_window_s) adds replicas;
+every signal low for the whole long window (down_window_s) drains one. Replicas still starting
+or provisioning count as capacity already ordered, so a queue that is already being answered
+never orders again; any change in capacity restarts both windows, so flapping load cannot flap
+the fleet. `decide` is pure (signals in, a Decision out) so tests feed it recorded traces on a
+VirtualClock; `tick` is the actuator that reads the fleet and calls it."""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Protocol
+
+from engine.clock import WALL_CLOCK, Clock
+from engine.serving.events import EventLog
+
+log = logging.getLogger("servelab.autoscaler")
+
+ORDERED = ("starting", "provisioning")  # replica states that are capacity on its way
+LEVERS = ("min_replicas", "max_replicas", "warm_pool", "provision_delay_s")  # engine/levers.py keys it takes live
+
+
+@dataclass
+class AutoscalerConfig:
+    min_replicas: int = 1
+    max_replicas: int = 2
+    warm_pool: int = 0  # loaded, idle replicas kept aside: a scale-up from them takes under a second
+    provision_delay_s: float = 5.0  # a cold start waits this long (a GPU being provisioned), then loads
+    up_window_s: float = 5.0  # pressure this long scales up
+    down_window_s: float = 30.0  # calm this long scales down
+    queue_high: float = 8.0  # queued requests per ready replica above which the fleet is behind
+    slot_high: float = 0.9  # batch slots in use, fraction: at or above is pressure
+    kv_high: float = 0.9  # KV blocks in use, fraction: at or above is pressure
+    queue_low: float = 0.0  # calm: queued requests per ready replica at or below this,
+    slot_low: float = 0.3  # and slots and KV at or below these
+    kv_low: float = 0.3
+    tick_s: float = 0.5
+
+    @classmethod
+    def from_levers(cls, levers: dict[str, Any], **settings: Any) -> AutoscalerConfig:
+        """The lab's lever values (only LEVERS are read), plus any other settings."""
+        return cls(**{k: levers[k] for k in LEVERS if k in levers}, **settings)
+
+
+@dataclass(frozen=True)
+class Signals:
+    """One sample of what the autoscaler looks at."""
+
+    time: float
+    queued: int
+    slot_util: float
+    kv_util: float
+    ready: int
+    starting: int  # ordered and not yet ready: provisioning or loading
+    draining: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return self.ready + self.starting
+
+    @classmethod
+    def from_snapshot(cls, snap: dict[str, Any]) -> Signals:
+        states = snap.get("replicas", {})
+        slots, kv = snap.get("max_num_seqs", 0), snap.get("kv_total_blocks", 0)
+        return cls(
+            time=snap["time"],
+            queued=snap.get("queue_depth", 0) + snap.get("waiting", 0),
+            slot_util=snap.get("batch_size", 0) / slots if slots else 0.0,
+            kv_util=snap.get("kv_used_blocks", 0) / kv if kv else 0.0,
+            ready=states.get("ready", 0),
+            starting=sum(states.get(s, 0) for s in ORDERED),
+            draining=states.get("draining", 0),
+        )
+
+
+@dataclass(frozen=True)
+class Decision:
+    delta: int  # replicas to add (+) or drain (-); 0 is a hold worth telling
+    reason: str
+
+
+class Scalable(Protocol):
+    """What the autoscaler needs of a fleet (engine.serving.fleet.Fleet)."""
+
+    events: EventLog
+
+    def snapshot(self) -> dict[str, Any]: ...
+    def scale_up(self, count: int = 1) -> str: ...
+    def scale_down(self) -> str: ...
+    def set_warm_pool(self, count: int) -> None: ...
+    def set_provision_delay(self, seconds: float) -> None: ...
+
+
+class Autoscaler:
+    """Decides on a timer (start/stop) or when ticked. It owns its fleet's warm_pool and
+    provision_delay_s: set from the config here, changed live by reconfigure."""
+
+    def __init__(self, fleet: Scalable, config: AutoscalerConfig | None = None, clock: Clock = WALL_CLOCK) -> None:
+        self.fleet = fleet
+        self.config = config or AutoscalerConfig()
+        self.clock = clock
+        self.decisions: list[Decision] = []  # every decision acted on or told, oldest first
+        self._hot_since: float | None = None
+        self._calm_since: float | None = None
+        self._held = False  # a hold was told in this pressure streak
+        self._last_capacity: tuple[int, int] | None = None
+        self._last = ""  # the last decision's message, for status()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        fleet.set_warm_pool(self.config.warm_pool)
+        fleet.set_provision_delay(self.config.provision_delay_s)
+
+    # the decision -------------------------------------------------------------------------------
+
+    def decide(self, s: Signals) -> Decision | None:
+        """What to do now, given this sample and the streaks behind it; None is: nothing."""
+        c = self.config
+        floor, ceiling = max(1, c.min_replicas), max(1, c.max_replicas)  # with none, no queue would wake it
+        if self._last_capacity != (s.ready, s.starting):  # capacity changed: the windows start over
+            self._last_capacity = (s.ready, s.starting)
+            self._hot_since = self._calm_since = None
+            self._held = False
+        if s.capacity < floor:
+            return Decision(floor - s.capacity, f"{self._count(s)} < min_replicas {floor}: +{floor - s.capacity}")
+        if s.capacity > ceiling:
+            return Decision(-1, f"{self._count(s)} > max_replicas {ceiling}: -1")
+        pressure, calm = self._pressure(s), self._calm(s)
+        self._hot_since = (self._hot_since if self._hot_since is not None else s.time) if pressure else None
+        self._calm_since = (self._calm_since if self._calm_since is not None else s.time) if calm else None
+        if pressure is None:
+            self._held = False
+        elif s.time - self._hot_since >= c.up_window_s:
+            return self._scale_up(s, pressure, s.time - self._hot_since)
+        if calm and s.time - self._calm_since >= c.down_window_s and s.ready > floor and not s.starting:
+            if s.draining:
+                return None  # one drain at a time
+            return Decision(-1, f"{calm} for {s.time - self._calm_since:.0f} s: -1 (drain one of {s.ready} ready)")
+        return None
+
+    def _scale_up(self, s: Signals, pressure: str, lasted: float) -> Decision | None:
+        c = self.config
+        want = min(max(1, c.max_replicas), max(s.ready + 1, math.ceil(s.queued / c.queue_high)))
+        order = want - s.capacity
+        pending = f"{s.starting} already starting"
+        if order > 0:
+            return Decision(order, f"{pressure} for {lasted:.0f} s: +{order}" + (f", {pending}" if s.starting else ""))
+        if self._held:
+            return None
+        self._held = True
+        why = pending if s.starting else f"at max_replicas {c.max_replicas}"
+        return Decision(0, f"{pressure} for {lasted:.0f} s: holding, {why}")
+
+    def _pressure(self, s: Signals) -> str | None:
+        c = self.config
+        if s.ready and s.queued > c.queue_high * s.ready:
+            return f"queue depth {s.queued} > {c.queue_high * s.ready:g}"
+        if s.ready and s.kv_util >= c.kv_high:
+            return f"KV {s.kv_util:.0%} >= {c.kv_high:.0%}"
+        if s.ready and s.slot_util >= c.slot_high:
+            return f"batch slots {s.slot_util:.0%} >= {c.slot_high:.0%}"
+        return None
+
+    def _calm(self, s: Signals) -> str | None:
+        c = self.config
+        if s.queued > c.queue_low * s.ready or s.slot_util > c.slot_low or s.kv_util > c.kv_low:
+            return None
+        queue = f"queue {s.queued} <= {c.queue_low * s.ready:g}" if c.queue_low else "queue empty"
+        return f"{queue}, slots {s.slot_util:.0%} <= {c.slot_low:.0%}, KV {s.kv_util:.0%} <= {c.kv_low:.0%}"
+
+    @staticmethod
+    def _count(s: Signals) -> str:
+        return f"{s.ready} ready + {s.starting} starting"
+
+    # the actuator -------------------------------------------------------------------------------
+
+    def tick(self) -> Decision | None:
+        """Read the fleet, decide, act, and tell the live stream why."""
+        with self._lock:
+            decision = self.decide(Signals.from_snapshot(self.fleet.snapshot()))
+            if decision is None:
+                return None
+            done = ""
+            if decision.delta > 0:
+                done = self.fleet.scale_up(decision.delta)
+            elif decision.delta < 0:
+                done = self.fleet.scale_down()
+            self.decisions.append(decision)
+            message = decision.reason + (f" ({done})" if done else "")
+            self.fleet.events.emit("scale", message, delta=decision.delta, reason=decision.reason)
+            self._last = message
+            log.info("autoscaler: %s", message)
+            return decision
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Live levers: min_replicas, max_replicas, warm_pool, provision_delay_s (and any other
+        AutoscalerConfig field). The fleet takes the pool and the delay at once; the bounds apply
+        from the next tick."""
+        known = {f.name for f in fields(AutoscalerConfig)}
+        unknown = set(changes) - known
+        if unknown:
+            raise ValueError(f"not autoscaler settings: {sorted(unknown)}")
+        with self._lock:
+            for key, value in changes.items():
+                setattr(self.config, key, value)
+            if "warm_pool" in changes:
+                self.fleet.set_warm_pool(int(changes["warm_pool"]))
+            if "provision_delay_s" in changes:
+                self.fleet.set_provision_delay(float(changes["provision_delay_s"]))
+
+    def status(self) -> dict[str, Any]:
+        """For the live page: the settings, the streaks under way and the last decision."""
+        now = self.clock.now()
+        return {
+            "running": self.running,
+            "config": asdict(self.config),
+            "pressure_for_s": None if self._hot_since is None else round(now - self._hot_since, 1),
+            "calm_for_s": None if self._calm_since is None else round(now - self._calm_since, 1),
+            "last_decision": self._last,
+        }
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="autoscaler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.config.tick_s):
+            try:
+                self.tick()
+            except Exception:  # a bad tick must not end autoscaling
+                log.exception("autoscaler tick failed")
