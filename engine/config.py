@@ -29,6 +29,9 @@ class EngineConfig:
     # Fairness: a waiter older than this gets one reserved admission slot per step.
     starvation_s: float = 5.0
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+    # Ranks (processes) one replica's model is split across (engine/distributed.py); at most the
+    # model's KV heads. memory_cap_mb applies to each rank.
+    tensor_parallel: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -37,7 +40,7 @@ class EngineConfig:
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidParamError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        positive_ints = ("block_size", "max_num_seqs", "max_batched_tokens")
+        positive_ints = ("block_size", "max_num_seqs", "max_batched_tokens", "tensor_parallel")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -19,6 +19,7 @@ from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
 from engine.contiguous_allocator import ContiguousAllocator
 from engine.detokenizer import detokenize_step
+from engine.distributed import ShardGroup, shard_model, tp_stats
 from engine.errors import InvalidParamError
 from engine.memory import plan_kv_blocks
 from engine.model.loader import load_model
@@ -67,12 +68,21 @@ class LLMEngine:
         torch.manual_seed(config.seed)
         path = config.model or str(default_gguf_path())
         self.dtype = DTYPES[config.dtype]
-        self.model = load_model(path, self.dtype, config.device)
+        # tensor_parallel > 1: this process is rank 0 and holds rank 0's shard (engine/distributed.py).
+        self.shard_group = ShardGroup(config) if config.tensor_parallel > 1 else None
+        try:
+            self.model = load_model(path, self.dtype, config.device)
+            if self.shard_group is not None:
+                shard_model(self.model, 0, config.tensor_parallel)
+                self.shard_group.connect()
+            self.memory = plan_kv_blocks(config, self.model, self.dtype)
+        except BaseException:
+            self.close()
+            raise
         self.tokenizer = load_tokenizer(path)
         self.model_cfg = self.model.cfg
         self.max_model_len = min(config.max_model_len or self.model_cfg.max_position, self.model_cfg.max_position)
         self.eos_token_ids = set(self.model_cfg.eos_token_ids or self.tokenizer.eos_token_ids)
-        self.memory = plan_kv_blocks(config, self.model, self.dtype)
         log.info("%s, %s on %s. %s", Path(path).name, config.dtype, config.device, self.memory.describe())
         num_blocks = self.memory.num_blocks
         if config.paged:
@@ -84,6 +94,9 @@ class LLMEngine:
             self.kv = ContiguousAllocator(num_blocks, config.block_size)
             self.scheduler = StaticScheduler(config, self.kv, clock)  # type: ignore[arg-type]
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, config.device)
+        if self.shard_group is not None:
+            self.shard_group.start(self.model, self.memory.weight_bytes, num_blocks)
+            self.runner.on_step = self.shard_group.send_step
         self.requests: dict[str, Sequence] = {}
         self._to_abort: set[str] = set()
         self.num_steps = 0
@@ -216,7 +229,7 @@ class LLMEngine:
 
     # reporting --------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, float | int]:
+    def stats(self) -> dict[str, Any]:
         running = self.scheduler.running
         return {
             "running": len(running),
@@ -235,7 +248,12 @@ class LLMEngine:
             "param_bytes": self.memory.param_bytes,
             "kv_budget_bytes": self.memory.kv_budget_bytes,
             "kv_bytes_per_token": self.memory.bytes_per_block // self.config.block_size,
-        }
+        } | tp_stats(self.shard_group, self.memory.weight_bytes)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (a no-op for one rank)."""
+        if self.shard_group is not None:
+            self.shard_group.close()
 
     # levers that change without a restart ------------------------------------------------------
 

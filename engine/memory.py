@@ -37,12 +37,18 @@ class MemoryPlan:
         )
 
 
-def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> MemoryPlan:
-    cfg = model.cfg
-    elem = torch.finfo(dtype).bits // 8
+def weight_footprint(model: Llama) -> tuple[int, int]:
+    """(bytes the weights occupy, prepacked copies included; the parameters once each)."""
     unique = {id(p): p for p in model.parameters()}.values()  # the tied head counts once
     param_bytes = sum(p.numel() * p.element_size() for p in unique)
-    weight_bytes = param_bytes + model.packed_bytes()
+    return param_bytes + model.packed_bytes(), param_bytes
+
+
+def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> MemoryPlan:
+    """model.cfg is this rank's shard under tensor parallelism: its weights and KV heads only."""
+    cfg = model.cfg
+    elem = torch.finfo(dtype).bits // 8
+    weight_bytes, param_bytes = weight_footprint(model)
     # Widest per-token activations of one layer (qkv, gate/up, SwiGLU product, residuals), in
     # float32 to be safe, for a full token budget; plus float32 logits for every sampled row.
     per_token = 4 * (

@@ -3,6 +3,8 @@ into a flat token batch, runs one forward pass, and samples the sequences that r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.model.llama import AttentionBatch, Llama, PrefillChunk
@@ -26,6 +28,8 @@ class ModelRunner:
 
         self.kv_caches = [(cache(), cache()) for _ in range(cfg.num_layers)]
         self.sampler = Sampler()
+        # Tensor parallelism: rank 0 sends each step's batch to the other ranks before running it.
+        self.on_step: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], None] | None = None
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
@@ -36,6 +40,8 @@ class ModelRunner:
         )
         prefills = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n > 1]
         input_ids, positions, attn = self._prepare(decodes, prefills)
+        if self.on_step is not None:
+            self.on_step(input_ids, positions, attn)
         hidden = self.model(input_ids, positions, attn, self.kv_caches)
 
         to_sample: list[Sequence] = []

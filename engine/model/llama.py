@@ -7,6 +7,7 @@ one sequence at a time. Q/K/V and gate/up are fused into one matmul each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -89,6 +90,8 @@ class Llama(nn.Module):
         self.packed_lm_head: torch.Tensor | None = None
         # The one switch between kernels: None picks by device (Triton on CUDA, torch on CPU).
         self.attention_impl: Impl | None = None
+        # Tensor parallelism (engine/distributed.py): sums the row-parallel o/down outputs over ranks.
+        self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def prepack(self) -> bool:
         """bf16 on CPU: keep each matmul weight also in oneDNN's blocked layout, which ran decode
@@ -130,11 +133,14 @@ class Llama(nn.Module):
             p = layer.packed
             x = F.rms_norm(h, (cfg.hidden_size,), layer.input_norm, eps)
             qkv = linear(x, layer.qkv, p.get("qkv"))
-            h = h + linear(self._attention(qkv, cos, sin, attn, k_cache, v_cache), layer.o, p.get("o"))
+            h = h + self._reduce(linear(self._attention(qkv, cos, sin, attn, k_cache, v_cache), layer.o, p.get("o")))
             x = F.rms_norm(h, (cfg.hidden_size,), layer.post_norm, eps)
             gate, up = linear(x, layer.gate_up, p.get("gate_up")).chunk(2, dim=-1)
-            h = h + linear(F.silu(gate) * up, layer.down, p.get("down"))
+            h = h + self._reduce(linear(F.silu(gate) * up, layer.down, p.get("down")))
         return h
+
+    def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self.all_reduce is None else self.all_reduce(partial)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         x = F.rms_norm(hidden, (self.cfg.hidden_size,), self.norm, self.cfg.rms_norm_eps)

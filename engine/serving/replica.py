@@ -21,6 +21,7 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK
 from engine.config import EngineConfig
+from engine.distributed import STEP_TIMEOUT_S
 from engine.sampling_params import SamplingParams
 from engine.serving.messages import (
     AbortRequest,
@@ -43,6 +44,7 @@ def replica_main(
     replica_id: int, config: EngineConfig, inbox: Any, outbox: Any, cores: list[int] | None, heartbeat_s: float
 ) -> None:
     """The child process: load the engine, then loop: take commands, step, report."""
+    from engine.distributed import ShardGroupError
     from engine.errors import InvalidParamError
     from engine.llm_engine import LLMEngine
     from engine.memory import copy_bandwidth_gbs
@@ -95,15 +97,24 @@ def replica_main(
             elif isinstance(cmd, Drain):
                 state = "draining"
             elif isinstance(cmd, Stop):
+                engine.close()
                 errors += [RequestError(rid, None, "replica stopped") for rid in engine.requests]
                 outbox.put(StepMessage(replica_id, clock.now(), errors=errors, stats=stats(), state="stopped"))
                 return
         deltas = []
         if engine.has_work():
             progress["step_started"] = clock.now()
-            deltas = [_delta(out) for out in engine.step()]
+            try:
+                deltas = [_delta(out) for out in engine.step()]
+            except ShardGroupError as exc:  # a tensor-parallel rank hung or died: the group is gone
+                errors += [RequestError(rid, None, str(exc)) for rid in engine.requests]
+                outbox.put(
+                    StepMessage(replica_id, clock.now(), errors=errors, stats={"error": str(exc)}, state="failed")
+                )
+                return
             progress["step_started"] = None
         if state == "draining" and not engine.has_work():
+            engine.close()
             outbox.put(StepMessage(replica_id, clock.now(), deltas, errors, stats(), state="stopped"))
             return
         now = clock.now()
@@ -182,7 +193,9 @@ class ReplicaHandle:
         self.replica_id = replica_id
         self.config = config
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.step_timeout_s = step_timeout_s
+        # A tensor-parallel group is one failure unit: a rank that hangs inside a collective holds
+        # rank 0's step, so a tighter watchdog (behind the collectives' own timeout) fails it fast.
+        self.step_timeout_s = step_timeout_s if config.tensor_parallel == 1 else min(step_timeout_s, STEP_TIMEOUT_S)
         self.step_started: float | None = None
         self.state = "starting"
         self.stats: dict[str, Any] = {}

@@ -1,0 +1,88 @@
+"""Tensor parallelism: two ranks (gloo on CPU) give HF's greedy output token for token, and a rank
+that stops answering fails the whole group within 15 s, leaving no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.config import EngineConfig
+from engine.distributed import process_state, shard_model, split_evenly
+from engine.errors import InvalidParamError
+from engine.model.llama import Llama, LlamaConfig
+from engine.serving.messages import RequestError, TokenDelta
+from engine.serving.replica import ReplicaHandle
+from tests.test_hf_equivalence import check
+from tests.test_replica import collect, wait_for
+
+
+def gone(pid: int) -> bool:
+    """Not running: no such process, or a zombie waiting to be reaped."""
+    return process_state(pid) in (None, "Z", "X")
+
+
+def test_heads_split_by_kv_group_unevenly_and_mlp_evenly() -> None:
+    assert split_evenly(3, 2) == [(0, 2), (2, 3)] and split_evenly(1536, 2) == [(0, 768), (768, 1536)]
+    cfg = LlamaConfig(100, 64, 96, 2, num_heads=9, num_kv_heads=3, head_dim=8, rms_norm_eps=1e-5, rope_theta=1e4,
+                      max_position=32)  # fmt: skip
+    shards = []
+    for rank in range(2):
+        with torch.device("meta"):
+            shards.append(shard_model(Llama(cfg), rank, 2))
+    assert [(s.cfg.num_heads, s.cfg.num_kv_heads, s.cfg.intermediate_size) for s in shards] == [(6, 2, 48), (3, 1, 48)]
+    layer = shards[1].layers[0]
+    assert layer.qkv.shape == ((3 + 2) * 8, 64) and layer.o.shape == (64, 3 * 8)
+    assert layer.gate_up.shape == (2 * 48, 64) and layer.down.shape == (64, 48)
+    with torch.device("meta"), pytest.raises(InvalidParamError, match="tensor_parallel"):
+        shard_model(Llama(cfg), 0, 4)
+    with pytest.raises(InvalidParamError, match="tensor_parallel"):
+        EngineConfig(tensor_parallel=0)
+
+
+def test_two_ranks_match_the_hf_reference(hf_reference: dict[str, Any]) -> None:
+    refs = [r for r in hf_reference["prompts"] if len(r["prompt_ids"]) < 200][:3]
+    llm = LLM(dtype="float32", tensor_parallel=2)
+    pids = llm.engine.shard_group.pids
+    try:
+        check(llm, refs, hf_reference["max_new_tokens"])
+        stats = llm.engine.stats()
+    finally:
+        llm.engine.close()
+    assert stats["tensor_parallel"] == 2 and stats["allreduces_per_step"] == 2 * llm.engine.model_cfg.num_layers
+    assert stats["allreduce_ms_per_step"] > 0
+    rank0, rank1 = stats["tp_rank_weight_bytes"]
+    assert rank0 > rank1  # rank 0 holds 2 of the 3 KV groups
+    assert stats["kv_bytes_per_token"] == 2 * 30 * 2 * 64 * 4  # rank 0's 2 KV heads, float32
+    assert wait_for(lambda: all(gone(pid) for pid in pids[1:]), 5)
+
+
+def test_sigstop_one_rank_fails_the_group_within_15_s(hf_reference: dict[str, Any]) -> None:
+    handle = ReplicaHandle(7, EngineConfig(dtype="float32", tensor_parallel=2))
+    pids: list[int] = []
+    try:
+        assert handle.wait_ready(240), handle.error
+        pids = handle.stats["tp_rank_pids"]
+        assert len(pids) == 2 and pids[0] == handle.process.pid
+        prompt = hf_reference["prompts"][0]["prompt_ids"]
+        events = handle.submit("doomed", prompt, SamplingParams(max_tokens=2000, ignore_eos=True))
+        assert isinstance(events.get(timeout=60), TokenDelta)
+        os.kill(pids[1], signal.SIGSTOP)
+        stopped = time.monotonic()
+        assert wait_for(lambda: handle.state == "failed", 15.0), handle.state
+        assert time.monotonic() - stopped < 15.0
+        tail = collect(events, timeout=2.0)
+        assert isinstance(tail[-1], RequestError) and "rank 1" in tail[-1].message, tail[-1]
+        print(f"failed after {time.monotonic() - stopped:.1f} s: {tail[-1].message}")
+        assert isinstance(handle.submit("after", [1, 2, 3], SamplingParams(max_tokens=2)).get(timeout=1), RequestError)
+        assert wait_for(lambda: all(gone(pid) for pid in pids), 5), [p for p in pids if not gone(p)]
+    finally:
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        handle.stop()
