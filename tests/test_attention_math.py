@@ -1,13 +1,15 @@
 """The torch paged-attention functions against dense attention over unpaged K/V (random
-tensors: this checks the math and the paging, not the model)."""
+tensors: this checks the math and the paging, not the model), in both cache layouts: contiguous
+[num_blocks, block_size, KVH, D] and the engine's heads-outermost storage seen through a view."""
 
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine.kernels.attention import paged_attention_decode, prefill_attention, store_kv
+from tests.attention_cases import DEVICE, cdiv, empty_cache, paged_batch
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> torch.Tensor:
@@ -17,64 +19,70 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_of
     scores = torch.einsum("nhd,lhd->hnl", q.double(), k.double()) / q.shape[-1] ** 0.5
     if causal_offset is not None:
         n, length = q.shape[0], k.shape[0]
-        mask = torch.arange(length)[None, :] > torch.arange(n)[:, None] + causal_offset
+        mask = (
+            torch.arange(length, device=q.device)[None, :] > torch.arange(n, device=q.device)[:, None] + causal_offset
+        )
         scores = scores.masked_fill(mask, float("-inf"))
     return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v.double()).to(q.dtype)
-
-
-def paged_copy(k: torch.Tensor, v: torch.Tensor, block_size: int, num_blocks: int, gen: torch.Generator):
-    """Scatter one sequence's K/V into shuffled blocks of a fresh cache."""
-    length, kvh, d = k.shape
-    k_cache = torch.full((kvh, num_blocks, block_size, d), float("nan"))
-    v_cache = torch.full_like(k_cache, float("nan"))
-    table = torch.randperm(num_blocks, generator=gen)[: -(-length // block_size)]
-    pos = torch.arange(length)
-    store_kv(k, v, k_cache, v_cache, table[pos // block_size] * block_size + pos % block_size)
-    return k_cache, v_cache, table
 
 
 @settings(max_examples=40, deadline=None)
 @given(
     lens=st.lists(st.integers(1, 70), min_size=1, max_size=4),
-    block_size=st.sampled_from([4, 8, 16]),
+    block_size=st.sampled_from([4, 8, 16, 32, 64]),
     group=st.sampled_from([1, 3, 4]),
+    head_dim=st.sampled_from([16, 64]),
+    heads_outer=st.booleans(),
     seed=st.integers(0, 10_000),
 )
-def test_decode_matches_dense(lens: list[int], block_size: int, group: int, seed: int) -> None:
+@example(lens=[1], block_size=8, group=3, head_dim=16, heads_outer=True, seed=0)
+def test_decode_matches_dense(
+    lens: list[int], block_size: int, group: int, head_dim: int, heads_outer: bool, seed: int
+) -> None:
     gen = torch.Generator().manual_seed(seed)
-    kvh, d = 2, 16
-    num_blocks = sum(-(-n // block_size) for n in lens) + 3
-    k_cache = torch.zeros(kvh, num_blocks, block_size, d)
-    v_cache = torch.zeros_like(k_cache)
-    free = torch.randperm(num_blocks, generator=gen).tolist()
-    tables, ks, vs = [], [], []
-    for n in lens:
-        k, v = torch.randn(n, kvh, d, generator=gen), torch.randn(n, kvh, d, generator=gen)
-        table = [free.pop() for _ in range(-(-n // block_size))]
-        pos = torch.arange(n)
-        store_kv(k, v, k_cache, v_cache, torch.tensor(table)[pos // block_size] * block_size + pos % block_size)
-        tables.append(table)
-        ks.append(k)
-        vs.append(v)
-    width = max(len(t) for t in tables)
-    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])
-    q = torch.randn(len(lens), kvh * group, d, generator=gen)
-    out = paged_attention_decode(q, k_cache, v_cache, block_tables, torch.tensor(lens), d**-0.5)
+    kvh = 2
+    batch = paged_batch(lens, kvh, head_dim, block_size, torch.float32, gen, heads_outer)
+    q = torch.randn(len(lens), kvh * group, head_dim, generator=gen).to(DEVICE)
+    out = paged_attention_decode(
+        q, batch.k_cache, batch.v_cache, batch.block_tables, batch.context_lens, head_dim**-0.5, impl="torch"
+    )
     for i in range(len(lens)):
-        want = dense_attention(q[i : i + 1], ks[i], vs[i], None)[0]
+        want = dense_attention(q[i : i + 1], batch.keys[i], batch.values[i], None)[0]
         torch.testing.assert_close(out[i], want, rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=30, deadline=None)
 @given(
-    cached=st.integers(0, 40), new=st.integers(1, 30), block_size=st.sampled_from([4, 16]), seed=st.integers(0, 10_000)
+    cached=st.integers(0, 40),
+    new=st.integers(1, 30),
+    block_size=st.sampled_from([4, 16]),
+    heads_outer=st.booleans(),
+    seed=st.integers(0, 10_000),
 )
-def test_prefill_over_cached_prefix_matches_dense(cached: int, new: int, block_size: int, seed: int) -> None:
+def test_prefill_over_cached_prefix_matches_dense(
+    cached: int, new: int, block_size: int, heads_outer: bool, seed: int
+) -> None:
     gen = torch.Generator().manual_seed(seed)
     kvh, group, d = 2, 3, 16
     total = cached + new
-    k, v = torch.randn(total, kvh, d, generator=gen), torch.randn(total, kvh, d, generator=gen)
-    k_cache, v_cache, table = paged_copy(k, v, block_size, -(-total // block_size) + 2, gen)
-    q = torch.randn(new, kvh * group, d, generator=gen)
-    out = prefill_attention(q, k[cached:], v[cached:], k_cache, v_cache, table, cached, d**-0.5)
+    k, v = (torch.randn(total, kvh, d, generator=gen).to(DEVICE) for _ in range(2))
+    num_blocks = cdiv(total, block_size) + 2
+    # NaN everywhere the sequence does not write: attention must never read those slots.
+    k_cache, v_cache = (empty_cache(num_blocks, block_size, kvh, d, torch.float32, heads_outer) for _ in range(2))
+    k_cache.fill_(float("nan"))
+    v_cache.fill_(float("nan"))
+    table = torch.randperm(num_blocks, generator=gen)[: cdiv(total, block_size)].to(DEVICE)
+    pos = torch.arange(total, device=DEVICE)
+    store_kv(k, v, k_cache, v_cache, table[pos // block_size] * block_size + pos % block_size, impl="torch")
+    q = torch.randn(new, kvh * group, d, generator=gen).to(DEVICE)
+    out = prefill_attention(q, k[cached:], v[cached:], k_cache, v_cache, table, cached, d**-0.5, impl="torch")
     torch.testing.assert_close(out, dense_attention(q, k, v, cached), rtol=1e-5, atol=1e-5)
+
+
+def test_impl_picked_by_device() -> None:
+    from engine.kernels import pick_impl
+
+    assert pick_impl(None, torch.zeros(1)) == "torch"
+    assert pick_impl("triton", torch.zeros(1)) == "triton"
+    if torch.cuda.is_available():
+        assert pick_impl(None, torch.zeros(1, device="cuda")) == "triton"

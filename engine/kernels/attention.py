@@ -47,9 +47,8 @@ def store_kv(
         triton_attention.store_kv(k, v, k_cache, v_cache, slot_mapping)
         return
     for new, cache in ((k, k_cache), (v, v_cache)):
-        heads_outer = cache.permute(2, 0, 1, 3)
-        # view, not reshape: a copy would silently drop the writes.
-        heads_outer.view(cache.shape[2], -1, cache.shape[3]).index_copy_(1, slot_mapping, new.transpose(0, 1))
+        # [num_blocks * block_size, KVH, D]; view, not reshape: a copy would silently drop the writes.
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, new)
 
 
 def paged_attention_decode(
@@ -62,12 +61,39 @@ def paged_attention_decode(
     impl: Impl | None = None,
 ) -> torch.Tensor:
     """One query token per sequence, attending to its first context_lens[b] cached tokens.
-    q [B, H, D], block_tables [B, max_blocks], context_lens [B] (each >= 1) -> out [B, H, D]."""
+    q [B, H, D], block_tables [B, max_blocks], context_lens [B] (each >= 1) -> out [B, H, D].
+
+    In torch: per KV head, gather that head's blocks of every sequence into a padded [B, L, D]
+    tensor, then one batched matmul over the batch with the head's GQA group as the query rows
+    (on CPU this ran several times faster than SDPA or one matmul over all heads). The gather is
+    the cost, so rows go in groups of DECODE_GROUP, each padded only to its own longest
+    sequence: with rows sorted by length (the runner sorts them) little padding is gathered."""
     if pick_impl(impl, q) == "triton":
         from engine.kernels import triton_attention
 
         return triton_attention.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return _decode_torch(q, k_cache.permute(2, 0, 1, 3), v_cache.permute(2, 0, 1, 3), block_tables, context_lens, scale)
+    k_heads, v_heads = k_cache.permute(2, 0, 1, 3), v_cache.permute(2, 0, 1, 3)  # [KVH, num_blocks, bs, D]
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, _, block_size, _ = k_heads.shape
+    group = num_heads // num_kv_heads
+    out = torch.empty(num_kv_heads, batch, group, head_dim, dtype=q.dtype, device=q.device)
+    # [KVH, B, group, D]: (head, sequence) pairs become one batch dimension of the matmuls.
+    queries = q.view(batch, num_kv_heads, group, head_dim).transpose(0, 1)
+    for start in range(0, batch, DECODE_GROUP):
+        rows = slice(start, min(start + DECODE_GROUP, batch))
+        lens = context_lens[rows]
+        n = lens.shape[0]
+        num_blocks = -(-int(lens.max()) // block_size)
+        tables = block_tables[rows, :num_blocks].reshape(-1)
+        max_len = num_blocks * block_size
+        keys = _gather_blocks(k_heads, tables).view(num_kv_heads * n, max_len, head_dim)
+        values = _gather_blocks(v_heads, tables).view(num_kv_heads * n, max_len, head_dim)
+        scores = torch.bmm(queries[:, rows].reshape(-1, group, head_dim), keys.transpose(1, 2)).float()
+        pad = torch.arange(max_len, device=q.device)[None, :] >= lens[:, None]
+        scores.view(num_kv_heads, n, group, max_len).mul_(scale).masked_fill_(pad[None, :, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out[:, rows] = torch.bmm(probs, values).view(num_kv_heads, n, group, head_dim)
+    return out.transpose(0, 1).reshape(batch, num_heads, head_dim)
 
 
 def prefill_attention(
@@ -108,44 +134,6 @@ def prefill_attention(
         enable_gqa=True,
     )
     return out[0].transpose(0, 1)
-
-
-def _decode_torch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Decode over heads-outermost caches [KVH, num_blocks, block_size, D].
-
-    Per KV head: gather that head's blocks of every sequence into a padded [B, L, D] tensor,
-    then one batched matmul over the batch with the head's GQA group as the query rows (on
-    CPU this ran several times faster than SDPA or one matmul over all heads). The gather is
-    the cost, so rows go in groups of DECODE_GROUP, each padded only to its own longest
-    sequence: with rows sorted by length (the runner sorts them) little padding is gathered."""
-    batch, num_heads, head_dim = q.shape
-    num_kv_heads, _, block_size, _ = k_cache.shape
-    group = num_heads // num_kv_heads
-    out = torch.empty(num_kv_heads, batch, group, head_dim, dtype=q.dtype, device=q.device)
-    # [KVH, B, group, D]: (head, sequence) pairs become one batch dimension of the matmuls.
-    queries = q.view(batch, num_kv_heads, group, head_dim).transpose(0, 1)
-    for start in range(0, batch, DECODE_GROUP):
-        rows = slice(start, min(start + DECODE_GROUP, batch))
-        lens = context_lens[rows]
-        n = lens.shape[0]
-        num_blocks = -(-int(lens.max()) // block_size)
-        tables = block_tables[rows, :num_blocks].reshape(-1)
-        max_len = num_blocks * block_size
-        keys = _gather_blocks(k_cache, tables).view(num_kv_heads * n, max_len, head_dim)
-        values = _gather_blocks(v_cache, tables).view(num_kv_heads * n, max_len, head_dim)
-        scores = torch.bmm(queries[:, rows].reshape(-1, group, head_dim), keys.transpose(1, 2)).float()
-        pad = torch.arange(max_len, device=q.device)[None, :] >= lens[:, None]
-        scores.view(num_kv_heads, n, group, max_len).mul_(scale).masked_fill_(pad[None, :, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        out[:, rows] = torch.bmm(probs, values).view(num_kv_heads, n, group, head_dim)
-    return out.transpose(0, 1).reshape(batch, num_heads, head_dim)
 
 
 def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,8 @@ Set TRITON_INTERPRET=1 before importing this module to run it on CPU tensors (sl
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -29,7 +31,8 @@ MIN_SPLIT_LEN = 256  # decode keys per split-K program at least: below that the 
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# Integers that change from call to call are not specialised on: one compiled kernel serves them.
+@triton.jit(do_not_specialize=["query_len", "split_len", "num_splits"])
 def _attention_kernel(
     out_ptr,
     part_acc_ptr,  # split-K partials: unnormalised output, running max, running sum
@@ -85,13 +88,14 @@ def _attention_kernel(
     sum_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     table = block_tables_ptr + seq * stride_bt
+    head_offset = kv_head.to(tl.int64) * stride_ch  # int64: a head's stride can pass 2**31 elements
     # Every row sees a key in the first tile (key lo is visible to all rows: prefill starts at
     # key 0, decode rows see their whole context), so the running max is finite from then on.
     for start in range(lo, hi, TILE):
         keys = start + tl.arange(0, TILE)
         key_ok = keys < hi
         block = tl.load(table + keys // block_size, mask=key_ok, other=0).to(tl.int64)  # int64: big caches
-        offs = block * stride_cb + (keys % block_size) * stride_cr + kv_head * stride_ch
+        offs = block * stride_cb + (keys % block_size) * stride_cr + head_offset
         k = tl.load(k_cache_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0).to(tl.float32)
         v = tl.load(v_cache_ptr + offs[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0).to(tl.float32)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
@@ -116,7 +120,7 @@ def _attention_kernel(
         tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_len", "num_splits"])
 def _merge_splits_kernel(
     out_ptr,
     part_acc_ptr,
@@ -172,7 +176,7 @@ def _store_kv_kernel(
     ok = (heads < num_kv_heads)[:, None]
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
     row = (slot // block_size) * stride_cb + (slot % block_size) * stride_cr
-    dst = row + heads[:, None] * stride_ch + dims[None, :]
+    dst = row + heads[:, None].to(tl.int64) * stride_ch + dims[None, :]
     k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=ok)
     v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=ok)
     tl.store(k_cache_ptr + dst, k, mask=ok)
@@ -304,6 +308,7 @@ def _attend(
         TILE=TILE_N,
         SPLIT=split,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4 if query_len == 1 else 8,  # a prefill tile holds 4x the rows of a decode one
     )
     if split:
         _merge_splits_kernel[(num_seqs, num_heads)](
@@ -327,8 +332,12 @@ def _default_num_splits(device: torch.device, programs: int, max_context: int) -
     """About four programs per SM, none shorter than MIN_SPLIT_LEN keys."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(triton.cdiv(4 * sms, programs), max_context // MIN_SPLIT_LEN))
+    return max(1, min(triton.cdiv(4 * _num_sms(device.index or 0), programs), max_context // MIN_SPLIT_LEN))
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _check(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
