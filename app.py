@@ -33,6 +33,7 @@ ENGINE_LEVERS = (
     "max_batched_tokens",
     "chunked_prefill",
     "prefix_caching",
+    "tensor_parallel",
 )
 
 
@@ -47,7 +48,8 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
         rate_limit=values["rate_limit"] or None,
         api_keys=keys,
     )
-    replicas = values["gpu_count"] // values["tensor_parallel"]
+    # The autoscaler grows the fleet from min_replicas, within the devices gpu_count grants.
+    replicas = max(1, min(values["min_replicas"], values["gpu_count"] // values["tensor_parallel"]))
     fleet = Fleet(engine_config, router_config, FleetConfig(replicas, drain_timeout_s))
     return LiveLab(fleet, values)
 

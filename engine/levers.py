@@ -58,7 +58,7 @@ LEVERS: dict[str, Lever] = {
         Lever("output_tokens", int, 64, "Output length (mean)", "tokens", 1, 2000, apply="load"),
         Lever("burstiness", float, 1.0, "Burstiness (1 = Poisson)", "", 0.1, 10, apply="load"),
         Lever("model", str, "SmolLM2-135M", "Model", choices=MODELS, apply="rebuild"),
-        Lever("gpu_count", int, 1, "Devices", "", 1, 64, apply="rebuild"),
+        Lever("gpu_count", int, 1, "Devices", "", 1, 64),  # the device budget the autoscaler scales within
         Lever("ttft_target_ms", int, 1000, "TTFT target (p99)", "ms", 10, 60000),
         Lever("paged", bool, True, "Paged KV + continuous batching", apply="rebuild"),
         Lever("tensor_parallel", int, 1, "Tensor-parallel degree", "", choices=(1, 2, 4, 8), apply="rebuild"),

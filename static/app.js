@@ -28,15 +28,18 @@
     rejected: [["queue full (429)", (s) => s.rejected.queue_full || 0], ["rate limited (429)", (s) => s.rejected.rate_limited || 0],
                ["deadline", (s) => s.rejected.deadline || 0]],
     preempted: [["preemptions", (s) => s.preempted]],
-    replicas: [["ready", (s) => s.replicas.ready || 0], ["starting", (s) => s.replicas.starting || 0],
-               ["draining", (s) => s.replicas.draining || 0], ["failed", (s) => s.replicas.failed || 0]],
+    replicas: [["ready", (s) => s.replicas.ready || 0],
+               ["starting / provisioning", (s) => (s.replicas.starting || 0) + (s.replicas.provisioning || 0)],
+               ["draining", (s) => s.replicas.draining || 0], ["failed", (s) => s.replicas.failed || 0],
+               ["warm pool", (s) => (s.replicas.warm || 0) + (s.replicas.warming || 0), "dot"]],
     batch_size: [["batch", (s) => s.batch_size], ["slots", (s) => s.max_num_seqs, "dot"]],
+    allreduce_ms: [["all-reduce ms per step", (s) => s.allreduce_ms], ["ITL p50 ms", (s) => (s.itl_p50 === null ? null : s.itl_p50 * 1000)]],
   };
-  const COLORS = ["#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c"];
+  const COLORS = ["#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8"];
   const charts = $$(".chart").map((el) => {
     const spec = CHARTS[el.dataset.metric];
     const traces = spec.map(([name, , dash], i) => ({
-      x: [], y: [], name: name, mode: "lines", line: { width: 2, color: COLORS[i % 4], dash: dash || "solid" },
+      x: [], y: [], name: name, mode: "lines", line: { width: 2, color: COLORS[i % COLORS.length], dash: dash || "solid" },
     }));
     Plotly.newPlot(el, traces, {
       height: 190, margin: { l: 44, r: 8, t: 6, b: 28 }, showlegend: true,
@@ -60,7 +63,7 @@
   // ---- panels -----------------------------------------------------------------------------------
   const fmt = (v, digits) => (v === null || v === undefined ? "–" : Number(v).toLocaleString(undefined, { maximumFractionDigits: digits }));
   const ENV = {
-    weight_mb: (v) => fmt(v, 0) + " MB", weight_mb_per_device: (v) => fmt(v, 0) + " MB",
+    weight_mb_held: (v) => fmt(v, 0) + " MB", weight_mb_per_device: (v) => fmt(v, 0) + " MB",
     kv_kb_per_token: (v) => fmt(v, 1) + " KB", kv_mb_per_sequence: (v) => fmt(v, 1) + " MB",
     kv_budget_mb: (v) => fmt(v, 0) + " MB", sequences_fit: (v) => fmt(v, 0),
     copy_gbs: (v) => fmt(v, 1) + " GB/s", decode_step_ms: (v) => fmt(v, 1) + " ms", capacity_tok_s: (v) => fmt(v, 0) + " tok/s",

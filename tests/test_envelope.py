@@ -23,17 +23,21 @@ def test_envelope_from_the_live_config() -> None:
     assert env["kv_mb_per_sequence"] == pytest.approx(256 * 23040 / MB)
     assert env["sequences_fit"] == 512 * MB // (256 * 23040)  # 91
     assert env["batch"] == 64  # max_num_seqs binds before the KV budget does
-    step_bytes = 270 * MB + 64 * (200 + 28) * 23040
+    step_bytes = 270 * MB + 64 * (200 + 28) * 23040  # the weights once, plus the batch's cached K/V
     assert env["decode_step_ms"] == pytest.approx(step_bytes / 20e9 * 1000)
     assert env["capacity_tok_s"] == pytest.approx(64 / (env["decode_step_ms"] / 1000))
 
 
-def test_tensor_parallel_halves_the_per_device_weights_and_step_floor() -> None:
-    one = envelope(LEVERS_NOW, FACTS)
-    two = envelope(LEVERS_NOW | {"tensor_parallel": 2, "gpu_count": 2}, FACTS)
-    assert one and two
-    assert two["weight_mb_per_device"] == pytest.approx(one["weight_mb_per_device"] / 2)
-    assert decode_step_ms(FACTS, 8, 100, tp=2) == pytest.approx(decode_step_ms(FACTS, 8, 100) / 2)
+def test_a_shard_reports_its_own_footprint_and_floor() -> None:
+    """Under tensor parallelism a replica reports its rank 0's shard (the largest): the envelope
+    reads those per-device facts as they are, and counts replicas as gpu_count // tp."""
+    shard = FACTS | {"param_bytes": 180 * MB, "kv_bytes_per_token": 15360, "tp_rank_weight_bytes": [327 * MB, 294 * MB]}
+    env = envelope(LEVERS_NOW | {"tensor_parallel": 2, "gpu_count": 2}, shard)
+    assert env is not None
+    assert env["weight_mb_per_device"] == pytest.approx(180) and env["weight_mb_held"] == pytest.approx(327)
+    assert env["sequences_fit"] == 512 * MB // (256 * 15360)  # a third fewer heads: half as many more sequences
+    assert env["capacity_tok_s"] == pytest.approx(64 / (env["decode_step_ms"] / 1000))  # one replica of two ranks
+    assert decode_step_ms(shard, 8, 100) < decode_step_ms(FACTS, 8, 100)
 
 
 def test_envelope_waits_for_a_replica_to_report() -> None:
@@ -56,7 +60,7 @@ def test_bottlenecks_read_measured_values_against_their_limits() -> None:
     assert readings["kv_pressure"]["ratio"] == pytest.approx(0.95) and readings["kv_pressure"]["level"] == "hot"
     assert readings["slots"]["ratio"] == pytest.approx(0.25) and readings["slots"]["level"] == "ok"
     assert readings["ttft"]["ratio"] == pytest.approx(1.5) and readings["ttft"]["level"] == "hot"
-    assert readings["weights"]["ratio"] == pytest.approx(270 / (270 + 512))
+    assert "weights" in readings and readings["weights"]["ratio"] is None  # no footprint reported yet
     capacity = 16 / (decode_step_ms(FACTS, 16, 228) / 1000)
     assert readings["decode"]["ratio"] == pytest.approx(100 / capacity)
 
@@ -87,3 +91,24 @@ def test_ramp_climbs_linearly_then_holds() -> None:
     assert ramp.rate(20.0) == pytest.approx(11.0)
     assert ramp.rate(100.0) == 21.0
     assert Ramp(1.0, 5.0, 0.0, 0.0).rate(0.0) == 5.0
+
+
+def test_a_shard_group_shows_its_collectives_and_rank_weights() -> None:
+    facts = FACTS | {"tensor_parallel": 2, "tp_rank_weight_bytes": [327 * MB, 294 * MB], "allreduces_per_step": 60}
+    snap = {
+        "kv_used_blocks": 10,
+        "kv_total_blocks": 100,
+        "running": 4,
+        "max_num_seqs": 64,
+        "batch_size": 4,
+        "tokens_per_s": 20.0,
+        "ttft_p99": None,
+        "itl_p50": 0.170,
+        "allreduce_ms": 140.0,
+        "replicas": {"ready": 1},
+    }
+    readings = {b["key"]: b for b in bottlenecks(LEVERS_NOW, facts, snap)}
+    assert readings["collectives"]["ratio"] == pytest.approx(140 / 170)
+    assert readings["collectives"]["level"] == "hot" and "60 of them" in readings["collectives"]["text"]
+    assert readings["weights"]["text"].startswith("327 / 294 MB")
+    assert readings["weights"]["ratio"] == pytest.approx(327 / (327 + 512))

@@ -11,6 +11,8 @@ import pytest
 
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS, validate_levers
+from engine.serving.lab import check_live
+from web.evolution import EVOLUTION
 from web.lessons import LESSONS_DIR, LessonLibrary, main, parse_lesson
 
 GOOD = textwrap.dedent(
@@ -124,3 +126,21 @@ def test_levers_are_typed_and_checked() -> None:
             validate_levers(bad)
         assert err.value.param == key
     assert set(LEVERS) >= {"request_rate", "gpu_count", "ttft_target_ms", "paged", "tensor_parallel", "kv_budget_mb"}
+
+
+def test_every_card_runs_on_the_live_engine_of_a_two_core_machine() -> None:
+    """A lesson's preset, scenarios and failure modes are levers a 2-core CI machine can run
+    live (no model but the live one, no more devices than it has): nothing a learner clicks is
+    refused for want of hardware."""
+    defaults = {key: lever.default for key, lever in LEVERS.items()}
+    for lesson in LessonLibrary().lessons():
+        preset = defaults | lesson.meta["levers"]
+        check_live(lesson.meta["levers"], preset, devices=2)
+        for kind in ("scenarios", "failure_modes"):
+            for card in lesson.meta[kind]:
+                try:
+                    check_live(card["levers"], preset | card["levers"], devices=2)
+                except InvalidParamError as err:
+                    pytest.fail(f"{lesson.path.name} {kind} {card['title']!r}: {err}")
+    for card in EVOLUTION:
+        check_live(card["levers"], defaults | card["levers"], devices=2)

@@ -42,9 +42,7 @@ def server() -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"]
-        )
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"])
         yield browser
         browser.close()
 
@@ -205,9 +203,7 @@ def test_a_watcher_without_the_token_cannot_change_anything(server: ServerProces
     expect(page.locator("[name=request_rate]")).to_be_disabled()
     expect(page.locator("#role-badge")).to_have_text("watching")
     for event, payload in (("set_levers", "{request_rate: 9}"), ("flood", "{action: 'start'}")):
-        ack = page.evaluate(
-            f"new Promise(r => window.servelab.socket.emit({event!r}, {payload}, r))"
-        )
+        ack = page.evaluate(f"new Promise(r => window.servelab.socket.emit({event!r}, {payload}, r))")
         assert ack["ok"] is False and ack["error"]["code"] == "forbidden", ack
     assert lab_value(page, "request_rate") != 9
 
@@ -222,3 +218,58 @@ def test_socketio_refuses_a_foreign_origin(server: ServerProcess) -> None:
 
     assert handshake(f"http://127.0.0.1:{server.port}") == 200
     assert handshake("http://evil.example") == 400
+
+
+def collect_events(page: Page) -> None:
+    page.evaluate(
+        "window.servelab.events = []; window.servelab.socket.on('event', e => window.servelab.events.push(e))"
+    )
+
+
+def set_levers(page: Page, levers: str) -> None:
+    ack = page.evaluate(f"new Promise(r => window.servelab.socket.emit('set_levers', {levers}, r))")
+    assert ack["ok"], ack
+
+
+def test_step_6_shards_the_live_model_and_shows_the_collectives(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/steps/6")
+    page.click("#apply-preset")
+    wait_for(page, "window.servelab.lab.levers.gpu_count === 2 && window.servelab.lab.status === 'serving'", 30)
+    page.click("[data-kind=scenarios][data-scenario='0']")  # "Shard it in two"
+    expect(page.locator("#status-text")).to_have_text("rebuilding", timeout=10_000)
+    expect(page.locator("#status-text")).to_have_text("serving", timeout=240_000)
+    try:
+        # The scenario started traffic: decode steps now pay all-reduces, and the panel says so.
+        chart = "document.getElementById('chart-allreduce_ms').data[0].y"
+        wait_for(page, f"{chart}.some(v => v > 0)", 120)
+        expect(page.locator(".bn", has_text="All-reduce share of a step")).to_contain_text("60 of them")
+        expect(page.locator(".bn", has_text="Per-device weight footprint")).to_contain_text(" / ")
+        page.screenshot(path=str(ARTIFACTS / "steps-6-sharded.png"), full_page=True)
+    finally:
+        page.click("#traffic-stop")
+        set_levers(page, "{tensor_parallel: 1, gpu_count: 1}")
+    expect(page.locator("#status-text")).to_have_text("serving", timeout=240_000)
+
+
+def test_step_7_autoscales_from_the_warm_pool_and_drains_back(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/steps/7")
+    collect_events(page)
+    set_levers(page, "{gpu_count: 2, min_replicas: 1, max_replicas: 2, warm_pool: 1, provision_delay_s: 600}")
+    last = "window.servelab.last"
+    page.evaluate(f"{last} = null; window.servelab.socket.on('metrics', s => {last} = s)")
+    wait_for(page, f"{last} && {last}.replicas.warm === 1", 180)
+    try:
+        set_levers(page, "{queue_cap: 64, max_num_seqs: 4}")
+        page.evaluate("window.servelab.socket.emit('flood', {action: 'ramp', to: 12, over_s: 1})")
+        scale_up = "window.servelab.events.some(e => e.kind === 'scale' && e.delta > 0)"
+        wait_for(page, f"{scale_up} && {last}.replicas.ready === 2", 120)
+        expect(page.locator("#timeline .ev-scale").first).to_contain_text("from the warm pool")
+        page.screenshot(path=str(ARTIFACTS / "steps-7-scaled.png"), full_page=True)
+    finally:
+        page.evaluate("window.servelab.socket.emit('flood', {action: 'stop'})")
+        set_levers(page, "{max_replicas: 1, warm_pool: 0, max_num_seqs: 16}")
+    # Scale-in is a drain: the second replica leaves without a cut stream.
+    wait_for(page, f"{last}.replicas.ready === 1 && !{last}.replicas.draining && !{last}.replicas.warm", 180)
+    assert page.evaluate("window.servelab.events.some(e => e.kind === 'scale' && e.delta < 0)")
+    assert not page.evaluate("window.servelab.events.some(e => e.kind === 'cancelled')")
+    set_levers(page, "{gpu_count: 1, queue_cap: 64}")

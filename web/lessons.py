@@ -32,6 +32,7 @@ CHARTS = (
     "preempted",
     "replicas",
     "batch_size",
+    "allreduce_ms",
 )
 FILE_NAME = re.compile(r"^(\d\d)-[a-z0-9-]+\.md$")
 _markdown = MarkdownIt("commonmark", {"html": False}).enable("table")

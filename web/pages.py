@@ -31,6 +31,7 @@ CHART_TITLES = {
     "preempted": "Preemptions (total)",
     "replicas": "Replicas by state",
     "batch_size": "Batch size / slots",
+    "allreduce_ms": "Tensor parallel: all-reduce time per step (ms)",
 }
 APPLY_TAGS = {"load": "traffic", "in_place": "in place", "rebuild": "rebuilds replicas", "sim": "what-if"}
 

@@ -12,22 +12,22 @@ MB = 1024 * 1024
 
 
 def envelope(levers: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
-    """facts: a replica's param_bytes (the weights once each), kv_bytes_per_token,
-    kv_budget_bytes and copy_gbs (its measured memory bandwidth). None until a replica reports."""
+    """facts: what a replica reported about its rank 0 (under tensor parallelism, the largest
+    shard): param_bytes (its weights once each), kv_bytes_per_token (its heads' share),
+    kv_budget_bytes and copy_gbs (its measured memory bandwidth). None until one reports."""
     needed = ("param_bytes", "kv_bytes_per_token", "kv_budget_bytes", "copy_gbs")
     if not all(facts.get(k) for k in needed):
         return None
-    tp = int(levers.get("tensor_parallel", 1))
     per_token = facts["kv_bytes_per_token"]
-    seq_tokens = int(levers["prompt_tokens"]) + int(levers["output_tokens"])
-    kv_per_seq = per_token * seq_tokens
+    kv_per_seq = per_token * (int(levers["prompt_tokens"]) + int(levers["output_tokens"]))
     seqs_fit = int(facts["kv_budget_bytes"] // kv_per_seq)
     batch = max(1, min(int(levers["max_num_seqs"]), seqs_fit))
-    step_ms = decode_step_ms(facts, batch, int(levers["prompt_tokens"]) + int(levers["output_tokens"]) // 2, tp)
-    replicas = max(1, int(levers.get("gpu_count", 1)) // tp)
+    step_ms = decode_step_ms(facts, batch, int(levers["prompt_tokens"]) + int(levers["output_tokens"]) // 2)
+    replicas = max(1, int(levers.get("gpu_count", 1)) // int(levers.get("tensor_parallel", 1)))
+    held = max(facts.get("tp_rank_weight_bytes") or [facts.get("weight_bytes") or facts["param_bytes"]])
     return {
-        "weight_mb": facts["param_bytes"] / MB,
-        "weight_mb_per_device": facts["param_bytes"] / tp / MB,
+        "weight_mb_per_device": facts["param_bytes"] / MB,
+        "weight_mb_held": held / MB,
         "kv_kb_per_token": per_token / 1024,
         "kv_mb_per_sequence": kv_per_seq / MB,
         "kv_budget_mb": facts["kv_budget_bytes"] / MB,
@@ -39,10 +39,11 @@ def envelope(levers: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | 
     }
 
 
-def decode_step_ms(facts: dict[str, Any], batch: int, mean_context: int, tp: int = 1) -> float:
-    """The memory-bound floor of one decode step: every weight byte (this device's shard) and
-    every cached K/V byte of the batch read once, at the measured copy bandwidth."""
-    bytes_read = facts["param_bytes"] / tp + batch * mean_context * facts["kv_bytes_per_token"] / tp
+def decode_step_ms(facts: dict[str, Any], batch: int, mean_context: int) -> float:
+    """The memory-bound floor of one decode step on one device: its weights and its share of
+    every cached K/V byte of the batch read once, at the measured copy bandwidth. (Collectives
+    under tensor parallelism come on top: the bottleneck panel shows them measured.)"""
+    bytes_read = facts["param_bytes"] + batch * mean_context * facts["kv_bytes_per_token"]
     return bytes_read / (facts["copy_gbs"] * 1e9) * 1000
 
 
@@ -66,11 +67,12 @@ def bottlenecks(levers: dict[str, Any], facts: dict[str, Any], snap: dict[str, A
             "text": f"{snap['kv_used_blocks']} of {total} blocks in use" if total else "no replica reporting",
         }
     )
-    tp = int(levers.get("tensor_parallel", 1))
-    if facts.get("param_bytes") and facts.get("kv_budget_bytes"):
-        per_device = facts["param_bytes"] / tp
+    ranks = facts.get("tp_rank_weight_bytes") or ([facts["weight_bytes"]] if facts.get("weight_bytes") else [])
+    if ranks and facts.get("kv_budget_bytes"):
+        per_device = max(ranks)
         share = per_device / (per_device + facts["kv_budget_bytes"])
-        text = f"{per_device / MB:.0f} MB of weights per device ({share:.0%} of its model + KV memory)"
+        split = " / ".join(f"{b / MB:.0f}" for b in ranks)
+        text = f"{split} MB of weights per device ({share:.0%} of its weights + KV memory)"
     else:
         share, text = None, "no replica reporting"
     out.append(
@@ -86,7 +88,7 @@ def bottlenecks(levers: dict[str, Any], facts: dict[str, Any], snap: dict[str, A
     if facts.get("copy_gbs") and batch:
         mean_context = int(levers["prompt_tokens"]) + int(levers["output_tokens"]) // 2
         replicas = max(1, sum(n for s, n in snap.get("replicas", {}).items() if s == "ready"))
-        capacity = replicas * batch / (decode_step_ms(facts, batch, mean_context, tp) / 1000)
+        capacity = replicas * batch / (decode_step_ms(facts, batch, mean_context) / 1000)
         used = snap["tokens_per_s"] / capacity
         text = f"{snap['tokens_per_s']:.0f} tok/s against a roofline of {capacity:.0f} at batch {batch}"
     else:
@@ -125,4 +127,17 @@ def bottlenecks(levers: dict[str, Any], facts: dict[str, Any], snap: dict[str, A
             else f"p99 {p99 * 1000:.0f} ms against a {target_s * 1000:.0f} ms target",
         }
     )
+    if int(facts.get("tensor_parallel", 1)) > 1:  # a shard group: how much of a step is talking
+        reduce_ms, itl = snap.get("allreduce_ms") or 0.0, snap.get("itl_p50")
+        share = reduce_ms / (itl * 1000) if itl else None
+        out.append(
+            {
+                "key": "collectives",
+                "label": "All-reduce share of a step",
+                "ratio": None if share is None else min(share, 1.0),
+                "level": _level(share, 0.3, 0.6),
+                "text": f"{reduce_ms:.0f} ms of all-reduces per step ({facts.get('allreduces_per_step', 0)} of them)"
+                + ("" if itl is None else f", step about {itl * 1000:.0f} ms"),
+            }
+        )
     return out

@@ -25,6 +25,7 @@ from engine.serving.router import AdmissionError, Router, RouterConfig
 
 log = logging.getLogger("servelab.fleet")
 
+FAILED_SHOWN_S = 10.0  # a failed replica stays in the set (and on the charts) this long
 SNAPSHOT_HZ = 6.0  # the live stream promises at least 5 a second
 
 
@@ -85,6 +86,7 @@ class Fleet:
         self._next_id = 0
         self._lock = threading.RLock()
         self._last_states: dict[int, str] = {}
+        self._failed_at: dict[int, float] = {}
         self.set_replica_count(fleet_config.replicas)
         for _ in range(self.warm_pool):  # the first pool is there from the start, like the first replicas
             self._start(self._spare_cores(), serve=False)
@@ -270,7 +272,18 @@ class Fleet:
                         replica=replica.replica_id,
                         state=replica.state,
                     )
+            now = WALL_CLOCK.now()
+            for replica in [r for r in self.replicas if r.state == "failed"]:
+                # A failed replica (or shard group) stays on the charts a while, then leaves the set
+                # whole; the autoscaler sees the lost capacity and orders a fresh one.
+                failed_at = self._failed_at.setdefault(replica.replica_id, now)
+                replaced = any(r.state in ("starting", "ready") for r in self.replicas)
+                if now - failed_at >= FAILED_SHOWN_S and replaced:  # the last one stays: the router fails its queue
+                    self.replicas.remove(replica)
+                    self.router.set_replicas(self.replicas)
+                    self.retiring.append(replica)
             for replica in [r for r in self.retiring if r.state in ("stopped", "failed")]:
+                self._failed_at.pop(replica.replica_id, None)
                 self.retiring.remove(replica)
                 replica.stop()
                 self.bus.forget(replica.replica_id)

@@ -2,8 +2,12 @@
 
 A change reaches the engine the cheapest way it can (engine/levers.py says which): the traffic
 generator reads load levers on its next arrival; the router takes queue levers in place; the
-replicas take batch levers in place from their next step; and the rest rebuild the replicas
-in the background (old ones drain, so nothing running is cut), with the status visible."""
+replicas take batch levers in place from their next step; the autoscaler takes its bounds and
+pool; and the rest rebuild the replicas in the background (old ones drain, so nothing running
+is cut), with the status visible.
+
+How many replicas serve: the autoscaler keeps it within [min_replicas, max_replicas], and
+gpu_count is the device budget, so at most gpu_count // tensor_parallel replicas ever run."""
 
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from typing import Any
 
 from engine.errors import InvalidParamError, ServingError
 from engine.levers import LEVERS, validate_levers
+from engine.serving.autoscaler import LEVERS as AUTOSCALER_LEVERS
+from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.envelope import bottlenecks, envelope
 from engine.serving.events import EventLog
 from engine.serving.fleet import Fleet
@@ -24,7 +30,7 @@ log = logging.getLogger("servelab.lab")
 LIVE_MODEL = "SmolLM2-135M"
 ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
 ENGINE_IN_PLACE = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching")
-ENGINE_REBUILD = ("paged", "block_size", "kv_budget_mb")
+ENGINE_REBUILD = ("paged", "block_size", "kv_budget_mb", "tensor_parallel", "model")
 FLOOD_MAX_RATE = 200.0
 
 
@@ -41,12 +47,14 @@ class LiveLab:
     def __init__(self, fleet: Fleet, levers: dict[str, Any] | None = None) -> None:
         self.fleet = fleet
         self.levers = {key: lever.default for key, lever in LEVERS.items()} | (levers or {})
-        self.levers["gpu_count"] = len(fleet.replicas)
         self.devices = live_devices(fleet.engine_config.device)
+        check_live(self.levers, self.levers, self.devices, fleet.engine_config.device)
         self.status = "starting"
         self._lock = threading.Lock()
         api_key = (fleet.router.config.api_keys or [None])[0]  # flood traffic passes the key check
         self.traffic = TrafficDriver(lambda: fleet.router, lambda: self.levers, api_key=api_key or "flood")
+        self.autoscaler = Autoscaler(fleet, AutoscalerConfig.from_levers(self._scaling()))
+        self.autoscaler.start()
         threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
 
     @property
@@ -61,9 +69,9 @@ class LiveLab:
         clean = validate_levers(changes)
         with self._lock:
             merged = self.levers | clean
-            self._check_live(clean, merged)
+            check_live(clean, merged, self.devices, self.fleet.engine_config.device)
             changed = {k: v for k, v in clean.items() if self.levers[k] != v}
-            rebuild = [k for k in changed if k in ENGINE_REBUILD or k in ("gpu_count", "tensor_parallel", "model")]
+            rebuild = [k for k in changed if k in ENGINE_REBUILD]
             if rebuild and self.status == "rebuilding":
                 raise ServingError(
                     409, "the replicas are still being rebuilt; try again when they are ready", rebuild[0], "busy"
@@ -75,6 +83,8 @@ class LiveLab:
             in_place = {k: changed[k] for k in ENGINE_IN_PLACE if k in changed}
             if in_place:
                 self.fleet.reconfigure(**in_place)
+            if any(k in changed for k in (*AUTOSCALER_LEVERS, "gpu_count", "tensor_parallel")):
+                self.autoscaler.reconfigure(**self._scaling())
             if rebuild:
                 self._rebuild()
         if changed:
@@ -83,36 +93,26 @@ class LiveLab:
             self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
         return {"changed": changed, "rebuild": bool(rebuild), "levers": dict(self.levers)}
 
-    def _check_live(self, clean: dict[str, Any], merged: dict[str, Any]) -> None:
-        if "model" in clean and clean["model"] != LIVE_MODEL:
-            raise InvalidParamError(
-                "model",
-                f"{clean['model']} cannot run live here: only {LIVE_MODEL} fits this machine. "
-                "Its numbers are in the back-of-envelope panel's reasoning; the live engine stays on "
-                f"{LIVE_MODEL}.",
-            )
-        tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
-        if count > self.devices:
-            what = "CUDA GPUs" if self.fleet.engine_config.device.startswith("cuda") else "CPU cores"
-            raise InvalidParamError(
-                "gpu_count",
-                f"this machine has {self.devices} {what}, so the live engine runs at most {self.devices} "
-                f"devices; {count} is beyond what is present",
-            )
-        if tp > 1:
-            raise InvalidParamError("tensor_parallel", "tensor-parallel replicas are not available in this build")
-        if count % tp:
-            raise InvalidParamError("gpu_count", f"must be a multiple of tensor_parallel ({tp})")
-
     def _rebuild(self) -> None:
         config = self.fleet.engine_config.replace(
             paged=self.levers["paged"],
             block_size=self.levers["block_size"],
             kv_budget_mb=self.levers["kv_budget_mb"],
+            tensor_parallel=self.levers["tensor_parallel"],
         )
         self.status = "rebuilding"
-        self.fleet.rebuild(config, int(self.levers["gpu_count"]) // int(self.levers["tensor_parallel"]))
+        scaling = self._scaling()
+        serving = sum(r.state in ("ready", "starting") for r in self.fleet.replicas)
+        self.fleet.rebuild(config, min(max(serving, scaling["min_replicas"]), scaling["max_replicas"]))
         threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
+
+    def _scaling(self) -> dict[str, Any]:
+        """The autoscaler's settings: its levers, with max_replicas held to the device budget."""
+        fits = int(self.levers["gpu_count"]) // int(self.levers["tensor_parallel"])
+        settings = {key: self.levers[key] for key in AUTOSCALER_LEVERS}
+        settings["max_replicas"] = max(1, min(int(settings["max_replicas"]), fits))
+        settings["min_replicas"] = min(int(settings["min_replicas"]), settings["max_replicas"])
+        return settings
 
     def _await_ready(self) -> None:
         ok = self.fleet.wait_ready()
@@ -184,7 +184,38 @@ class LiveLab:
             "bottlenecks": bottlenecks(self.levers, self.facts(), snap),
             "traffic": self.traffic_state(),
             "ttft_target_ms": self.levers["ttft_target_ms"],
+            "autoscaler": self.autoscaler.status(),
         }
 
     def stop(self) -> None:
         self.traffic.stop()
+        self.autoscaler.stop()
+
+
+def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, device: str = "cpu") -> None:
+    """What this machine can run live, beyond each lever's own range: InvalidParamError otherwise."""
+    if "model" in clean and clean["model"] != LIVE_MODEL:
+        raise InvalidParamError(
+            "model",
+            f"{clean['model']} cannot run live here: only {LIVE_MODEL} fits this machine, so the live "
+            f"engine stays on {LIVE_MODEL}",
+        )
+    tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
+    what = "CUDA GPUs" if device.startswith("cuda") else "CPU cores"
+    if count > devices:
+        raise InvalidParamError(
+            "gpu_count",
+            f"this machine has {devices} {what}, so the live engine runs at most {devices} devices; "
+            f"{count} is beyond what is present",
+        )
+    if tp > devices:
+        raise InvalidParamError(
+            "tensor_parallel", f"a shard group of {tp} needs {tp} devices; this machine has {devices} {what}"
+        )
+    if count % tp:
+        raise InvalidParamError("gpu_count", f"must be a multiple of tensor_parallel ({tp})")
+    if int(merged["min_replicas"]) * tp > count:
+        raise InvalidParamError(
+            "min_replicas",
+            f"{merged['min_replicas']} replica(s) of {tp} device(s) need more than gpu_count ({count}) devices",
+        )

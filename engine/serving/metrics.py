@@ -144,6 +144,8 @@ class MetricsBus:
                 "rejected": dict(rejected or {}),
                 "preempted": self._counter(stats, "num_preemptions"),
                 "batch_size": sum(s.get("batch_size", 0) for s in stats),
+                # Tensor parallelism: the slowest replica's time in all-reduces per step.
+                "allreduce_ms": max((s.get("allreduce_ms_per_step", 0.0) for s in stats), default=0.0),
                 "max_num_seqs": sum(s.get("max_num_seqs", 0) for s in stats),
             }
 
