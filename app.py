@@ -18,29 +18,18 @@ from flask_socketio import SocketIO
 from engine.config import EngineConfig
 from engine.levers import LEVERS, parse_bool, validate_levers
 from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.lab import LiveLab
+from engine.serving.lab import LiveLab, engine_fields, replica_bounds
 from engine.serving.router import RouterConfig
 from web import create_api_app
 from web.lessons import LessonLibrary
 from web.live import LiveChannel
 from web.pages import pages
 
-ENGINE_LEVERS = (
-    "paged",
-    "block_size",
-    "kv_budget_mb",
-    "max_num_seqs",
-    "max_batched_tokens",
-    "chunked_prefill",
-    "prefix_caching",
-    "tensor_parallel",
-)
-
 
 def build_lab(levers: dict | None = None, engine: dict | None = None, drain_timeout_s: float = 30.0) -> LiveLab:
     """The live engine behind the app: a fleet shaped by the levers (defaults where unset)."""
     values = {key: lever.default for key, lever in LEVERS.items()} | validate_levers(levers or {})
-    engine_config = EngineConfig(**{k: values[k] for k in ENGINE_LEVERS}, **(engine or {}))
+    engine_config = EngineConfig(**engine_fields(values), **(engine or {}))
     keys = [k for k in os.environ.get("SERVELAB_API_KEYS", "").split(",") if k]
     router_config = RouterConfig(
         queue_cap=values["queue_cap"],
@@ -48,9 +37,8 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
         rate_limit=values["rate_limit"] or None,
         api_keys=keys,
     )
-    # The autoscaler grows the fleet from min_replicas, within the devices gpu_count grants.
-    replicas = max(1, min(values["min_replicas"], values["gpu_count"] // values["tensor_parallel"]))
-    fleet = Fleet(engine_config, router_config, FleetConfig(replicas, drain_timeout_s))
+    # The autoscaler grows the fleet from its fewest, within the devices gpu_count grants.
+    fleet = Fleet(engine_config, router_config, FleetConfig(replica_bounds(values)[0], drain_timeout_s))
     return LiveLab(fleet, values)
 
 

@@ -9,6 +9,8 @@ from typing import Any
 from engine.errors import InvalidParamError
 
 DTYPES = ("float32", "bfloat16", "float16")
+# What a running engine takes without a rebuild (LLMEngine.reconfigure): the scheduler reads them.
+IN_PLACE_FIELDS = frozenset({"max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "starvation_s"})
 
 
 @dataclass

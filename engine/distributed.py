@@ -12,8 +12,8 @@ process group (gloo on CPU, NCCL on CUDA) carries only the all-reduces:
     embed, head    replicated (tied, 28 M of the 135 M parameters): every rank embeds its own
                    tokens and rank 0 alone computes logits from the all-reduced hidden state
 
-Heads split by KV group, as evenly as they go: SmolLM2-135M's 3 KV groups (9 query heads) split
-2 + 1 for t=2, so t may be at most the number of KV heads. The rank with the most heads sets the
+Heads split by KV group, as evenly as they go (engine/model/sharding.py says which slice each
+rank keeps), so t may be at most the number of KV heads. The rank with the most heads sets the
 KV block count for all (its memory is the tightest).
 
 A rank that stops answering fails the whole group: every collective has COLLECTIVE_TIMEOUT_S,
@@ -25,24 +25,21 @@ from __future__ import annotations
 
 import ctypes
 import datetime
-import itertools
 import multiprocessing as mp
 import os
 import signal
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from engine.config import EngineConfig
-from engine.errors import InvalidParamError
 from engine.model.llama import AttentionBatch, Llama, PrefillChunk
+from engine.model.sharding import shard_model, split_evenly
 
 COLLECTIVE_TIMEOUT_S = 10.0  # a collective waiting longer than this fails the group
 STEP_TIMEOUT_S = 14.0  # the front process's watchdog on one step of a tensor-parallel replica
@@ -52,52 +49,6 @@ START_TIMEOUT_S = 300.0
 class ShardGroupError(RuntimeError):
     """The tensor-parallel group failed (a rank hung, died or could not start); it is one
     failure unit, so every rank is gone by the time this is raised."""
-
-
-def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
-    """[lo, hi) ranges of n items over parts; the first ranks take one more when uneven."""
-    base, extra = divmod(n, parts)
-    bounds = [0]
-    for r in range(parts):
-        bounds.append(bounds[-1] + base + (r < extra))
-    return list(itertools.pairwise(bounds))
-
-
-# sharding -------------------------------------------------------------------------------------
-
-
-def shard_model(model: Llama, rank: int, world: int) -> Llama:
-    """Keep only rank's shard of every layer's weights, in place; model.cfg becomes the shard's
-    (its head counts and intermediate size), so attention and the KV cache need no other change."""
-    cfg = model.cfg
-    if world > cfg.num_kv_heads:
-        raise InvalidParamError(
-            "tensor_parallel", f"at most the model's {cfg.num_kv_heads} KV heads (heads split by KV group)"
-        )
-    d, per_group = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
-    g_lo, g_hi = split_evenly(cfg.num_kv_heads, world)[rank]
-    i_lo, i_hi = split_evenly(cfg.intermediate_size, world)[rank]
-    q_size, kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
-    q_rows = slice(g_lo * per_group * d, g_hi * per_group * d)
-    kv_rows = slice(g_lo * d, g_hi * d)
-
-    def keep(t: torch.Tensor) -> nn.Parameter:
-        return nn.Parameter(t.contiguous(), requires_grad=False)
-
-    for layer in model.layers:
-        qkv = layer.qkv.data
-        q, k, v = qkv[:q_size], qkv[q_size : q_size + kv_size], qkv[q_size + kv_size :]
-        layer.qkv = keep(torch.cat([q[q_rows], k[kv_rows], v[kv_rows]]))
-        layer.o = keep(layer.o.data[:, q_rows])
-        gate, up = layer.gate_up.data.chunk(2)
-        layer.gate_up = keep(torch.cat([gate[i_lo:i_hi], up[i_lo:i_hi]]))
-        layer.down = keep(layer.down.data[:, i_lo:i_hi])
-    model.cfg = replace(
-        cfg, num_heads=(g_hi - g_lo) * per_group, num_kv_heads=g_hi - g_lo, intermediate_size=i_hi - i_lo
-    )
-    if model.packed_lm_head is not None:  # the full model was prepacked by the loader: pack the shard
-        model.prepack()
-    return model
 
 
 def rank_device(device: str, rank: int) -> str:

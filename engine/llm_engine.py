@@ -16,14 +16,15 @@ import torch
 
 from engine.block_manager import BlockManager, blocks_for
 from engine.clock import WALL_CLOCK, Clock
-from engine.config import EngineConfig
+from engine.config import IN_PLACE_FIELDS, EngineConfig
 from engine.contiguous_allocator import ContiguousAllocator
 from engine.detokenizer import detokenize_step
-from engine.distributed import ShardGroup, shard_model, tp_stats
+from engine.distributed import ShardGroup, tp_stats
 from engine.errors import InvalidParamError
 from engine.memory import plan_kv_blocks
 from engine.model.loader import load_model
 from engine.model.paths import default_gguf_path
+from engine.model.sharding import shard_model
 from engine.model.tokenizer import load_tokenizer
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
@@ -267,9 +268,6 @@ class LLMEngine:
         self.scheduler.config = self.config
         if "prefix_caching" in changes and isinstance(self.kv, BlockManager):
             self.kv.enable_prefix_caching = self.config.prefix_caching
-
-
-IN_PLACE_FIELDS = {"max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "starvation_s"}
 
 
 def _find_stop(text: str, stops: list[str]) -> int | None:

@@ -207,6 +207,7 @@ def test_sigkill_one_replica_mid_stream(server: ServerProcess) -> None:
     ):
         time.sleep(0.05)
     assert json.loads(server.request("GET", "/ready")[1])["replicas"] == {"ready": 1, "failed": 1}
+    assert 'servelab_replicas{state="failed"} 1' in server.request("GET", "/metrics")[1].decode()
     for t in threads:
         t.join(180)
     errored = [o for o in outcomes if any('"error"' in line for line in o)]

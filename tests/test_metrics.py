@@ -28,11 +28,13 @@ def test_latencies_counters_and_prometheus_names() -> None:
     bus.observe(StepMessage(0, 100.0, [delta("a", 2, True, "length", times)], stats=stats))
     aborted = {"arrival": 99.0, "scheduled": 99.125, "first_token": 99.25, "tokens": [99.25, 99.5]}
     bus.observe(StepMessage(1, 100.0, [delta("b", 0, True, "abort", aborted)], stats={}, state="draining"))
-    snap = bus.snapshot(queue_depth=4, rejected={"queue_full": 2})
+    # Replicas by state come from their owner (the fleet): a killed replica sends no message.
+    states = {"ready": 1, "draining": 1}
+    snap = bus.snapshot(queue_depth=4, rejected={"queue_full": 2}, replicas=states)
     assert snap["running"] == 2 and snap["kv_used_blocks"] == 30 and snap["queue_depth"] == 4
     assert snap["ttft_p50"] == 0.25 and snap["ttft_p99"] == 0.5 and snap["itl_p99"] == 0.25
     assert snap["replicas"] == {"ready": 1, "draining": 1}
-    text = bus.prometheus_text("smollm2", queue_depth=4, rejected={"queue_full": 2})
+    text = bus.prometheus_text("smollm2", queue_depth=4, rejected={"queue_full": 2}, replicas=states)
     assert 'vllm:num_requests_running{model_name="smollm2"} 2' in text
     assert 'vllm:num_requests_waiting{model_name="smollm2"} 5' in text
     assert 'vllm:kv_cache_usage_perc{model_name="smollm2"} 0.25' in text
@@ -45,3 +47,4 @@ def test_latencies_counters_and_prometheus_names() -> None:
     assert 'vllm:request_queue_time_seconds_sum{model_name="smollm2"} 0.375' in text
     assert 'servelab_rejected_requests_total{reason="queue_full"} 2' in text
     assert "servelab_wasted_tokens_total 2" in text
+    assert 'servelab_replicas{state="draining"} 1' in text

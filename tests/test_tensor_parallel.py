@@ -13,9 +13,10 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.distributed import process_state, shard_model, split_evenly
+from engine.distributed import process_state
 from engine.errors import InvalidParamError
 from engine.model.llama import Llama, LlamaConfig
+from engine.model.sharding import shard_model, split_evenly
 from engine.serving.messages import RequestError, TokenDelta
 from engine.serving.replica import ReplicaHandle
 from tests.test_hf_equivalence import check

@@ -21,19 +21,19 @@ from engine.errors import InvalidParamError
 from engine.levers import LEVERS
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
-CHARTS = (
-    "queue_depth",
-    "running",
-    "kv_blocks",
-    "ttft",
-    "itl",
-    "tokens_per_s",
-    "rejected",
-    "preempted",
-    "replicas",
-    "batch_size",
-    "allreduce_ms",
-)
+CHARTS = {  # the live charts a lesson may name, with the title a page gives each
+    "queue_depth": "Queue depth",
+    "running": "Running and waiting requests",
+    "kv_blocks": "KV blocks used / total",
+    "ttft": "TTFT p50 / p99 (s)",
+    "itl": "ITL p50 / p99 (s)",
+    "tokens_per_s": "Output tokens/s",
+    "rejected": "Refused requests (total)",
+    "preempted": "Preemptions (total)",
+    "replicas": "Replicas by state",
+    "batch_size": "Batch size / slots",
+    "allreduce_ms": "Tensor parallel: all-reduce time per step (ms)",
+}
 FILE_NAME = re.compile(r"^(\d\d)-[a-z0-9-]+\.md$")
 _markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
 

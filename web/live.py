@@ -54,7 +54,7 @@ class LiveChannel:
         if not self._tick_lock.acquire(blocking=False):
             return  # the previous tick is still sending: skip rather than pile up
         try:
-            self.socketio.emit("metrics", self.lab.snapshot(snap) | {"lab": self.lab.live_state()}, namespace=NAMESPACE)
+            self.socketio.emit("metrics", self.lab.snapshot(snap), namespace=NAMESPACE)
             events, self._cursor = self.lab.events.since(self._cursor, limit=10_000)
             for event in events[:EVENTS_PER_TICK]:
                 self.socketio.emit("event", event, namespace=NAMESPACE)

@@ -20,19 +20,6 @@ VENDOR = {
     "socket.io.min.js": ROOT / "node_modules/socket.io-client/dist/socket.io.min.js",
     "plotly.min.js": ROOT / "node_modules/plotly.js-dist-min/plotly.min.js",
 }
-CHART_TITLES = {
-    "queue_depth": "Queue depth",
-    "running": "Running and waiting requests",
-    "kv_blocks": "KV blocks used / total",
-    "ttft": "TTFT p50 / p99 (s)",
-    "itl": "ITL p50 / p99 (s)",
-    "tokens_per_s": "Output tokens/s",
-    "rejected": "Refused requests (total)",
-    "preempted": "Preemptions (total)",
-    "replicas": "Replicas by state",
-    "batch_size": "Batch size / slots",
-    "allreduce_ms": "Tensor parallel: all-reduce time per step (ms)",
-}
 APPLY_TAGS = {"load": "traffic", "in_place": "in place", "rebuild": "rebuilds replicas", "sim": "what-if"}
 
 pages = Blueprint("pages", __name__)
@@ -94,4 +81,4 @@ def vendor(name: str) -> Response:
 
 
 def _shared() -> dict:
-    return {"chart_titles": CHART_TITLES, "apply_tags": APPLY_TAGS}
+    return {"chart_titles": CHARTS, "apply_tags": APPLY_TAGS}

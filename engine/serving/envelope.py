@@ -47,97 +47,59 @@ def decode_step_ms(facts: dict[str, Any], batch: int, mean_context: int) -> floa
     return bytes_read / (facts["copy_gbs"] * 1e9) * 1000
 
 
-def _level(ratio: float | None, warn: float, hot: float) -> str:
-    if ratio is None:
-        return "idle"
-    return "hot" if ratio >= hot else "warn" if ratio >= warn else "ok"
+def _reading(
+    key: str, label: str, ratio: float | None, warn: float, hot: float, text: str, cap: float | None = None
+) -> dict[str, Any]:
+    """One bottleneck: a measured ratio to its limit, its level (idle, ok, warn, hot), a text."""
+    level = "idle" if ratio is None else "hot" if ratio >= hot else "warn" if ratio >= warn else "ok"
+    shown = ratio if ratio is None or cap is None else min(ratio, cap)
+    return {"key": key, "label": label, "ratio": shown, "level": level, "text": text}
 
 
 def bottlenecks(levers: dict[str, Any], facts: dict[str, Any], snap: dict[str, Any]) -> list[dict[str, Any]]:
-    """Five readings, each a measured value against its limit: ratio, level, and a short text."""
-    out = []
+    """Five readings (six for a shard group), each a measured value against its limit."""
     total = snap.get("kv_total_blocks") or 0
     kv = snap["kv_used_blocks"] / total if total else None
-    out.append(
-        {
-            "key": "kv_pressure",
-            "label": "KV cache pressure",
-            "ratio": kv,
-            "level": _level(kv, 0.7, 0.9),
-            "text": f"{snap['kv_used_blocks']} of {total} blocks in use" if total else "no replica reporting",
-        }
-    )
+    kv_text = f"{snap['kv_used_blocks']} of {total} blocks in use" if total else "no replica reporting"
+    out = [_reading("kv_pressure", "KV cache pressure", kv, 0.7, 0.9, kv_text)]
+
     ranks = facts.get("tp_rank_weight_bytes") or ([facts["weight_bytes"]] if facts.get("weight_bytes") else [])
+    share, text = None, "no replica reporting"
     if ranks and facts.get("kv_budget_bytes"):
         per_device = max(ranks)
         share = per_device / (per_device + facts["kv_budget_bytes"])
         split = " / ".join(f"{b / MB:.0f}" for b in ranks)
         text = f"{split} MB of weights per device ({share:.0%} of its weights + KV memory)"
-    else:
-        share, text = None, "no replica reporting"
-    out.append(
-        {
-            "key": "weights",
-            "label": "Per-device weight footprint",
-            "ratio": share,
-            "level": _level(share, 0.5, 0.8),
-            "text": text,
-        }
-    )
+    out.append(_reading("weights", "Per-device weight footprint", share, 0.5, 0.8, text))
+
     batch = snap.get("batch_size") or 0
+    used, text = None, "no decode running"
     if facts.get("copy_gbs") and batch:
         mean_context = int(levers["prompt_tokens"]) + int(levers["output_tokens"]) // 2
-        replicas = max(1, sum(n for s, n in snap.get("replicas", {}).items() if s == "ready"))
+        replicas = max(1, snap.get("replicas", {}).get("ready", 0))
         capacity = replicas * batch / (decode_step_ms(facts, batch, mean_context) / 1000)
         used = snap["tokens_per_s"] / capacity
         text = f"{snap['tokens_per_s']:.0f} tok/s against a roofline of {capacity:.0f} at batch {batch}"
-    else:
-        used, text = None, "no decode running"
-    out.append(
-        {
-            "key": "decode",
-            "label": "Decode throughput vs capacity",
-            "ratio": used,
-            "level": _level(used, 0.5, 0.8),
-            "text": text,
-        }
-    )
+    out.append(_reading("decode", "Decode throughput vs capacity", used, 0.5, 0.8, text))
+
     slots = snap.get("max_num_seqs") or 0
     saturation = snap["running"] / slots if slots else None
-    out.append(
-        {
-            "key": "slots",
-            "label": "Batch slot saturation",
-            "ratio": saturation,
-            "level": _level(saturation, 0.75, 0.95),
-            "text": f"{snap['running']} of {slots} slots running" if slots else "no replica reporting",
-        }
-    )
+    text = f"{snap['running']} of {slots} slots running" if slots else "no replica reporting"
+    out.append(_reading("slots", "Batch slot saturation", saturation, 0.75, 0.95, text))
+
     target_s = int(levers["ttft_target_ms"]) / 1000
     p99 = snap.get("ttft_p99")
-    ttft = None if p99 is None else p99 / target_s
-    out.append(
-        {
-            "key": "ttft",
-            "label": "Time to first token (p99)",
-            "ratio": ttft,
-            "level": _level(ttft, 0.7, 1.0),
-            "text": "no finished requests yet"
-            if p99 is None
-            else f"p99 {p99 * 1000:.0f} ms against a {target_s * 1000:.0f} ms target",
-        }
+    text = (
+        "no finished requests yet"
+        if p99 is None
+        else f"p99 {p99 * 1000:.0f} ms against a {target_s * 1000:.0f} ms target"
     )
+    out.append(_reading("ttft", "Time to first token (p99)", None if p99 is None else p99 / target_s, 0.7, 1.0, text))
+
     if int(facts.get("tensor_parallel", 1)) > 1:  # a shard group: how much of a step is talking
         reduce_ms, itl = snap.get("allreduce_ms") or 0.0, snap.get("itl_p50")
+        text = f"{reduce_ms:.0f} ms of all-reduces per step ({facts.get('allreduces_per_step', 0)} of them)"
+        text += "" if itl is None else f", step about {itl * 1000:.0f} ms"
         share = reduce_ms / (itl * 1000) if itl else None
-        out.append(
-            {
-                "key": "collectives",
-                "label": "All-reduce share of a step",
-                "ratio": None if share is None else min(share, 1.0),
-                "level": _level(share, 0.3, 0.6),
-                "text": f"{reduce_ms:.0f} ms of all-reduces per step ({facts.get('allreduces_per_step', 0)} of them)"
-                + ("" if itl is None else f", step about {itl * 1000:.0f} ms"),
-            }
-        )
+        out.append(_reading("collectives", "All-reduce share of a step", share, 0.3, 0.6, text, cap=1.0))
     return out

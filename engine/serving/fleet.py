@@ -234,10 +234,11 @@ class Fleet:
                 self._start(self._spare_cores(), serve=False)
 
     def reconfigure(self, **changes: object) -> None:
-        """Engine levers every replica takes in place (max_num_seqs, chunked_prefill, ...)."""
+        """Engine levers every replica takes in place (max_num_seqs, chunked_prefill, ...), the
+        warm pool's too, so a promoted replica serves with the levers of the moment."""
         with self._lock:
             self.engine_config = self.engine_config.replace(**changes)
-            for replica in self.replicas:
+            for replica in self.replicas + self.warm:
                 replica.reconfigure(**changes)
 
     # live view ----------------------------------------------------------------------------------
@@ -321,12 +322,12 @@ class Fleet:
         return self.router.submit(request_id, prompt_token_ids, params, api_key)
 
     def metrics_text(self) -> str:
-        return self.bus.prometheus_text(self.model_name, len(self.router.queue), self.router.rejected)
+        return self.bus.prometheus_text(
+            self.model_name, len(self.router.queue), self.router.rejected, self.replica_states()
+        )
 
     def snapshot(self) -> dict:
-        snap = self.bus.snapshot(len(self.router.queue), self.router.rejected)
-        snap["replicas"] = self.replica_states()
-        return snap
+        return self.bus.snapshot(len(self.router.queue), self.router.rejected, self.replica_states())
 
     # shutdown -----------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import os
 import threading
 from typing import Any
 
+from engine.config import IN_PLACE_FIELDS, EngineConfig
 from engine.errors import InvalidParamError, ServingError
 from engine.levers import LEVERS, validate_levers
 from engine.serving.autoscaler import LEVERS as AUTOSCALER_LEVERS
@@ -29,9 +30,23 @@ log = logging.getLogger("servelab.lab")
 
 LIVE_MODEL = "SmolLM2-135M"
 ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
-ENGINE_IN_PLACE = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching")
-ENGINE_REBUILD = ("paged", "block_size", "kv_budget_mb", "tensor_parallel", "model")
+ENGINE_IN_PLACE = tuple(key for key in LEVERS if key in IN_PLACE_FIELDS)
+REBUILD_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.apply == "rebuild")
+# Levers that are EngineConfig fields too; `model` is not: the lever names a model, the field a path.
+ENGINE_LEVERS = tuple(key for key in LEVERS if key in EngineConfig.field_names() and key != "model")
 FLOOD_MAX_RATE = 200.0
+
+
+def engine_fields(levers: dict[str, Any]) -> dict[str, Any]:
+    """The EngineConfig fields these lever values set."""
+    return {key: levers[key] for key in ENGINE_LEVERS}
+
+
+def replica_bounds(levers: dict[str, Any]) -> tuple[int, int]:
+    """(fewest, most) serving replicas: the autoscaler's bounds, the most held to the device
+    budget (gpu_count // tensor_parallel), and never below one."""
+    most = max(1, min(int(levers["max_replicas"]), int(levers["gpu_count"]) // int(levers["tensor_parallel"])))
+    return max(1, min(int(levers["min_replicas"]), most)), most
 
 
 def live_devices(device: str) -> int:
@@ -52,7 +67,7 @@ class LiveLab:
         self.status = "starting"
         self._lock = threading.Lock()
         api_key = (fleet.router.config.api_keys or [None])[0]  # flood traffic passes the key check
-        self.traffic = TrafficDriver(lambda: fleet.router, lambda: self.levers, api_key=api_key or "flood")
+        self.traffic = TrafficDriver(fleet.router, lambda: self.levers, api_key=api_key or "flood")
         self.autoscaler = Autoscaler(fleet, AutoscalerConfig.from_levers(self._scaling()))
         self.autoscaler.start()
         threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
@@ -71,7 +86,7 @@ class LiveLab:
             merged = self.levers | clean
             check_live(clean, merged, self.devices, self.fleet.engine_config.device)
             changed = {k: v for k, v in clean.items() if self.levers[k] != v}
-            rebuild = [k for k in changed if k in ENGINE_REBUILD]
+            rebuild = [k for k in changed if k in REBUILD_LEVERS]
             if rebuild and self.status == "rebuilding":
                 raise ServingError(
                     409, "the replicas are still being rebuilt; try again when they are ready", rebuild[0], "busy"
@@ -94,25 +109,18 @@ class LiveLab:
         return {"changed": changed, "rebuild": bool(rebuild), "levers": dict(self.levers)}
 
     def _rebuild(self) -> None:
-        config = self.fleet.engine_config.replace(
-            paged=self.levers["paged"],
-            block_size=self.levers["block_size"],
-            kv_budget_mb=self.levers["kv_budget_mb"],
-            tensor_parallel=self.levers["tensor_parallel"],
-        )
         self.status = "rebuilding"
-        scaling = self._scaling()
+        fewest, most = replica_bounds(self.levers)
         serving = sum(r.state in ("ready", "starting") for r in self.fleet.replicas)
-        self.fleet.rebuild(config, min(max(serving, scaling["min_replicas"]), scaling["max_replicas"]))
+        self.fleet.rebuild(
+            self.fleet.engine_config.replace(**engine_fields(self.levers)), min(max(serving, fewest), most)
+        )
         threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
 
     def _scaling(self) -> dict[str, Any]:
-        """The autoscaler's settings: its levers, with max_replicas held to the device budget."""
-        fits = int(self.levers["gpu_count"]) // int(self.levers["tensor_parallel"])
-        settings = {key: self.levers[key] for key in AUTOSCALER_LEVERS}
-        settings["max_replicas"] = max(1, min(int(settings["max_replicas"]), fits))
-        settings["min_replicas"] = min(int(settings["min_replicas"]), settings["max_replicas"])
-        return settings
+        """The autoscaler's settings: its levers, with the bounds of replica_bounds."""
+        fewest, most = replica_bounds(self.levers)
+        return {key: self.levers[key] for key in AUTOSCALER_LEVERS} | {"min_replicas": fewest, "max_replicas": most}
 
     def _await_ready(self) -> None:
         ok = self.fleet.wait_ready()
@@ -178,13 +186,13 @@ class LiveLab:
         }
 
     def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
-        """A metrics snapshot plus the lab's view of it, for the live stream."""
+        """A metrics snapshot plus the lab's view of it (status, levers, traffic: `lab`), for the
+        live stream."""
         return snap | {
-            "status": self.status,
             "bottlenecks": bottlenecks(self.levers, self.facts(), snap),
-            "traffic": self.traffic_state(),
             "ttft_target_ms": self.levers["ttft_target_ms"],
             "autoscaler": self.autoscaler.status(),
+            "lab": self.live_state(),
         }
 
     def stop(self) -> None:

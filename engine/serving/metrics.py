@@ -58,7 +58,6 @@ class MetricsBus:
         self.generation_tokens = 0
         self.wasted_tokens = 0  # generated for requests that were then cancelled
         self.replica_stats: dict[int, dict[str, Any]] = {}
-        self.replica_states: dict[int, str] = {}
         self._recent_ttft: deque[tuple[float, float]] = deque()
         self._recent_itl: deque[tuple[float, float]] = deque()
         self._recent_tokens: deque[tuple[float, int]] = deque()
@@ -68,7 +67,6 @@ class MetricsBus:
     def observe(self, msg: StepMessage) -> None:
         """Called for every message a replica sends (from its handle's reader thread)."""
         with self._lock:
-            self.replica_states[msg.replica_id] = msg.state
             if msg.stats:
                 before = self.replica_stats.get(msg.replica_id, {}).get("num_preemptions", 0)
                 preempted = msg.stats.get("num_preemptions", 0) - before
@@ -95,7 +93,6 @@ class MetricsBus:
             last = self.replica_stats.pop(replica_id, {})
             for key in COUNTERS:
                 self._retired[key] += last.get(key, 0)
-            self.replica_states.pop(replica_id, None)
 
     def _counter(self, stats: list[dict[str, Any]], key: str) -> int:
         return self._retired[key] + sum(s.get(key, 0) for s in stats)
@@ -114,8 +111,11 @@ class MetricsBus:
             h["inter_token_latency_seconds"].observe(b - a)
             self._recent_itl.append((now, b - a))
 
-    def snapshot(self, queue_depth: int = 0, rejected: dict[str, int] | None = None) -> dict[str, Any]:
-        """The live stream's view: totals across replicas and percentiles over the window."""
+    def snapshot(
+        self, queue_depth: int = 0, rejected: dict[str, int] | None = None, replicas: dict[str, int] | None = None
+    ) -> dict[str, Any]:
+        """The live stream's view: totals across replicas and percentiles over the window.
+        replicas (by state) come from their owner, the fleet: a killed replica sends no message."""
         now = self.clock.now()
         with self._lock:
             for window in (self._recent_ttft, self._recent_itl, self._recent_tokens):
@@ -125,9 +125,6 @@ class MetricsBus:
             ttft = sorted(v for _, v in self._recent_ttft)
             itl = sorted(v for _, v in self._recent_itl)
             span = min(WINDOW_S, max(1e-3, now - self._recent_tokens[0][0])) if self._recent_tokens else 1.0
-            states: dict[str, int] = {}
-            for state in self.replica_states.values():
-                states[state] = states.get(state, 0) + 1
             return {
                 "time": now,
                 "queue_depth": queue_depth,
@@ -140,7 +137,7 @@ class MetricsBus:
                 "itl_p50": _percentile(itl, 50),
                 "itl_p99": _percentile(itl, 99),
                 "tokens_per_s": sum(n for _, n in self._recent_tokens) / span,
-                "replicas": states,
+                "replicas": dict(replicas or {}),
                 "rejected": dict(rejected or {}),
                 "preempted": self._counter(stats, "num_preemptions"),
                 "batch_size": sum(s.get("batch_size", 0) for s in stats),
@@ -149,8 +146,14 @@ class MetricsBus:
                 "max_num_seqs": sum(s.get("max_num_seqs", 0) for s in stats),
             }
 
-    def prometheus_text(self, model: str, queue_depth: int = 0, rejected: dict[str, int] | None = None) -> str:
-        snap = self.snapshot(queue_depth, rejected)
+    def prometheus_text(
+        self,
+        model: str,
+        queue_depth: int = 0,
+        rejected: dict[str, int] | None = None,
+        replicas: dict[str, int] | None = None,
+    ) -> str:
+        snap = self.snapshot(queue_depth, rejected, replicas)
         label = f'model_name="{model}"'
         total = snap["kv_total_blocks"]
         lines = [
@@ -163,9 +166,7 @@ class MetricsBus:
         ]
         with self._lock:
             stats = list(self.replica_stats.values())
-            lines.append(
-                f"vllm:prefix_cache_queries_total{{{label}}} {self._counter(stats, 'prefix_cache_queries')}"
-            )
+            lines.append(f"vllm:prefix_cache_queries_total{{{label}}} {self._counter(stats, 'prefix_cache_queries')}")
             lines.append(f"vllm:prefix_cache_hits_total{{{label}}} {self._counter(stats, 'prefix_cache_hits')}")
             for name, histogram in self.histograms.items():
                 lines += histogram.lines(f"vllm:{name}", label)

@@ -39,15 +39,14 @@ class TrafficDriver:
 
     def __init__(
         self,
-        router: Callable[[], Router],
+        router: Router,
         levers: Callable[[], dict[str, Any]],
         api_key: str | None = None,
         clock: Clock = WALL_CLOCK,
         seed: int = 0,
     ) -> None:
-        self._router = router
+        self._target = RouterTarget(router, api_key)
         self._levers = levers
-        self.api_key = api_key
         self.clock = clock
         self.rng = random.Random(seed)
         self.ramp: Ramp | None = None
@@ -108,7 +107,7 @@ class TrafficDriver:
         record = RequestRecord(0, request.request_id, len(request.prompt_token_ids), request.max_tokens)
         try:
             # Flood requests are never cut when the flood stops: the stop event stays clear.
-            RouterTarget(self._router(), self.api_key).send(request, record, threading.Event())
+            self._target.send(request, record, threading.Event())
             self.refused += record.status == "rejected"
         finally:
             self._in_flight.release()

@@ -1,0 +1,60 @@
+"""Tensor-parallel sharding of a LLaMA model: which slice of every layer's weights a rank keeps.
+
+Q/K/V and gate/up split by output rows (column-parallel), o and down by input columns
+(row-parallel, summed by an all-reduce in engine/distributed.py). Heads split by KV group, as
+evenly as they go (SmolLM2-135M's 3 groups split 2 + 1 for two ranks); the embedding and the
+tied LM head stay whole on every rank."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from engine.errors import InvalidParamError
+from engine.model.llama import Llama
+
+
+def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of n items over parts; the first ranks take one more when uneven."""
+    base, extra = divmod(n, parts)
+    bounds = [0]
+    for r in range(parts):
+        bounds.append(bounds[-1] + base + (r < extra))
+    return list(itertools.pairwise(bounds))
+
+
+def shard_model(model: Llama, rank: int, world: int) -> Llama:
+    """Keep only rank's shard of every layer's weights, in place; model.cfg becomes the shard's
+    (its head counts and intermediate size), so attention and the KV cache need no other change."""
+    cfg = model.cfg
+    if world > cfg.num_kv_heads:
+        raise InvalidParamError(
+            "tensor_parallel", f"at most the model's {cfg.num_kv_heads} KV heads (heads split by KV group)"
+        )
+    d, per_group = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
+    g_lo, g_hi = split_evenly(cfg.num_kv_heads, world)[rank]
+    i_lo, i_hi = split_evenly(cfg.intermediate_size, world)[rank]
+    q_size, kv_size = cfg.num_heads * d, cfg.num_kv_heads * d
+    q_rows = slice(g_lo * per_group * d, g_hi * per_group * d)
+    kv_rows = slice(g_lo * d, g_hi * d)
+
+    def keep(t: torch.Tensor) -> nn.Parameter:
+        return nn.Parameter(t.contiguous(), requires_grad=False)
+
+    for layer in model.layers:
+        qkv = layer.qkv.data
+        q, k, v = qkv[:q_size], qkv[q_size : q_size + kv_size], qkv[q_size + kv_size :]
+        layer.qkv = keep(torch.cat([q[q_rows], k[kv_rows], v[kv_rows]]))
+        layer.o = keep(layer.o.data[:, q_rows])
+        gate, up = layer.gate_up.data.chunk(2)
+        layer.gate_up = keep(torch.cat([gate[i_lo:i_hi], up[i_lo:i_hi]]))
+        layer.down = keep(layer.down.data[:, i_lo:i_hi])
+    model.cfg = replace(
+        cfg, num_heads=(g_hi - g_lo) * per_group, num_kv_heads=g_hi - g_lo, intermediate_size=i_hi - i_lo
+    )
+    if model.packed_lm_head is not None:  # the full model was prepacked by the loader: pack the shard
+        model.prepack()
+    return model
