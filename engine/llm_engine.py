@@ -21,6 +21,7 @@ from engine.contiguous_allocator import ContiguousAllocator
 from engine.detokenizer import detokenize_step
 from engine.distributed import ShardGroup, tp_stats
 from engine.errors import InvalidParamError
+from engine.logprobs import TokenLogprobs
 from engine.memory import plan_kv_blocks
 from engine.model.loader import load_model
 from engine.model.paths import default_gguf_path
@@ -57,6 +58,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     seq: Sequence
+    logprobs: list[TokenLogprobs] | None = None  # this step's tokens', when the request asked
 
 
 class LLMEngine:
@@ -194,7 +196,8 @@ class LLMEngine:
         elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"
         seq.output_text += detokenize_step(self.tokenizer, seq.output_token_ids, seq.detok, final=reason is not None)
-        if params.stop and (cut := _find_stop(seq.output_text, params.stop)) is not None:
+        stops_allowed = len(seq.output_token_ids) >= params.min_tokens
+        if params.stop and stops_allowed and (cut := _find_stop(seq.output_text, params.stop)) is not None:
             seq.output_text = seq.output_text[:cut]
             reason = "stop"
         if reason:
@@ -204,7 +207,8 @@ class LLMEngine:
         end = max(seq.num_text_emitted, len(seq.output_text) - hold)
         new_text = seq.output_text[seq.num_text_emitted : end]
         seq.num_text_emitted = end
-        return RequestOutput(seq.request_id, [token], new_text, reason is not None, reason, seq)
+        logprobs = seq.output_logprobs[-1:] if params.logprobs is not None else None
+        return RequestOutput(seq.request_id, [token], new_text, reason is not None, reason, seq, logprobs)
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         seq.status = SequenceStatus.FINISHED

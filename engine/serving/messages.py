@@ -52,6 +52,8 @@ class TokenDelta:
     num_prompt_tokens: int
     num_cached_tokens: int
     times: dict[str, Any] | None = None  # the request's timestamps, on its last delta
+    logprobs: list[Any] | None = None  # TokenLogprobs of token_ids, when the request asked
+    prompt_logprobs: list[Any] | None = None  # on the first token's delta, when asked (echo)
 
 
 @dataclass

@@ -172,7 +172,13 @@ def _delta(out: Any) -> TokenDelta:
         seq.num_prompt_tokens,
         seq.num_cached_tokens,
         times,
+        logprobs=out.logprobs,
+        prompt_logprobs=seq.prompt_logprobs if _first_token(out) and seq.params.prompt_logprobs is not None else None,
     )
+
+
+def _first_token(out: Any) -> bool:
+    return bool(out.new_token_ids) and len(out.seq.output_token_ids) == 1
 
 
 class ReplicaHandle:
