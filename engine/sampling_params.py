@@ -68,7 +68,9 @@ class SamplingParams:
             raise InvalidParamError("repetition_penalty", f"must be in (0, 10], got {r!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS
+            ):
                 raise InvalidParamError(name, f"must be an integer in [0, {MAX_LOGPROBS}], got {value!r}")
 
     @property
