@@ -146,7 +146,8 @@ def test_n_samples_and_prompt_batches(client: openai.OpenAI) -> None:
         model=MODEL, messages=user("Invent a name for a cat."), n=3, temperature=1.0, seed=5, max_tokens=12
     )
     assert len({c.message.content for c in sampled.choices}) > 1  # independent samples, not one copied
-    prompts = ["The sky is", "Two plus two is", "My favourite food is"]
+    # Greedy margins >= 0.3 nats over these 6 tokens: batched or alone, the same text.
+    prompts = ["Three facts about the moon:", "One, two, three, four,", "Water boils at a temperature of"]
     batch = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0)
     singles = [client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0) for p in prompts]
     assert [c.index for c in batch.choices] == [0, 1, 2]
