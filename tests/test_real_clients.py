@@ -128,6 +128,12 @@ def test_completions_echo_with_logprobs(client: openai.OpenAI, llm_fp32: LLM) ->
     chunks = sse(client_port(client), "/v1/completions", {"prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 2})  # fmt: skip
     assert "".join(c["choices"][0]["text"] for c in chunks) == choice.text
     assert [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]] == lp.tokens
+    # max_tokens 0 with echo scores the prompt alone (eval harnesses' loglikelihood requests).
+    scored = client.completions.create(model=MODEL, prompt=[prompt, prompt], max_tokens=0, echo=True, logprobs=1)
+    assert scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == 2 * num_prompt
+    for c in scored.choices:
+        assert c.text == prompt and c.logprobs.tokens == lp.tokens[:num_prompt] and c.finish_reason == "length"
+        assert all(abs(a - b) < 1e-4 for a, b in zip(c.logprobs.token_logprobs[1:], lp.token_logprobs[1:num_prompt]))
 
 
 def client_port(client: openai.OpenAI) -> int:

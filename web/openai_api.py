@@ -174,7 +174,7 @@ def _complete(f: Fleet, out: Reply, events: queue.Queue) -> Response:
             if isinstance(event, RequestError):
                 by_id[event.request_id].finished = True
                 raise _request_error(event)
-            out.absorb(by_id[event.request_id], event)
+            out.absorb(by_id[event.request_id], out.visible(event))
     finally:
         _abort(f, out.choices)  # on an error or timeout, the other choices stop too
     return Response(json.dumps(out.completion()), mimetype="application/json")
@@ -194,6 +194,7 @@ def _sse(f: Fleet, out: Reply, events: queue.Queue, ping_s: float) -> Iterator[s
                 choice.finished = True
                 yield _data(_request_error(event).body())
                 break
+            event = out.visible(event)
             entries = out.absorb(choice, event)
             if event.text or event.finished or entries or not choice.started:
                 text = event.text if choice.started else choice.echo_text + event.text

@@ -3,7 +3,7 @@ each endpoint's own shape. One Choice per prompt x n sample; nothing here knows 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.logprobs import TokenLogprobs
@@ -52,6 +52,12 @@ class Reply:
         prompt = sum(self.prompt_lens)  # once per prompt, however many samples of it
         completion = sum(c.num_tokens for c in self.choices)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def visible(self, delta: TokenDelta) -> TokenDelta:
+        """What of a delta the client sees: with score_only, not the one token generated."""
+        if not self.req.score_only:
+            return delta
+        return replace(delta, token_ids=[], text="", logprobs=None, finish_reason="length")
 
     def absorb(self, choice: Choice, delta: TokenDelta) -> list[tuple[int, TokenLogprobs | None]]:
         """Fold one delta into its choice; returns the logprob entries it brought."""

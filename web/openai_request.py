@@ -83,6 +83,7 @@ class ParsedRequest:
     add_generation_prompt: bool
     request_id: str
     created: int
+    score_only: bool = False  # echo with max_tokens 0: the prompt's logprobs, nothing generated
 
 
 def bad(message: str, param: str | None, code: str = "invalid_value", status: int = 400) -> ServingError:
@@ -135,13 +136,19 @@ def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
         log.info("request from user %r", check(body, "user", (str,)))
     for name, kind_of in NO_EFFECT.items():
         check(body, name, (kind_of,))
-    params = _sampling_params(body, echo, logprobs)
-    return ParsedRequest(
+    # echo + max_tokens 0 scores the prompt (as OpenAI's legacy completions and eval harnesses do):
+    # one token is generated, for the prefill to run, and not returned.
+    score_only = echo and any(_is_int(body.get(k)) and body[k] == 0 for k in ("max_tokens", "max_completion_tokens"))
+    params = _sampling_params(
+        {**body, "max_tokens": 1, "max_completion_tokens": None} if score_only else body, echo, logprobs
+    )
+    req = ParsedRequest(
         kind, prompts, messages, params, n, stream,
         bool(options.get("include_usage")), bool(options.get("continuous_usage_stats")), echo, logprobs,
         check(body, "add_generation_prompt", (bool,)) is not False,
-        f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
+        f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), score_only,
     )  # fmt: skip
+    return req
 
 
 def _check_fields(body: dict[str, Any], kind: str) -> None:
