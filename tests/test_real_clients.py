@@ -221,7 +221,7 @@ def test_guidellm_constant_rate(server: ServerProcess, tokenizer_dir: Path, tmp_
            "--backend", f"kind=openai_http,target={server.base_url},request_format={endpoint}",
            "--profile", "kind=constant,rate=2", "--constraint", "kind=max_duration,seconds=20",
            "--tokenizer", f"kind=hf_auto,model={tokenizer_dir}",
-           "--data", "kind=synthetic_text,prompt_tokens=32,output_tokens=8",
+           "--data", "kind=synthetic_text,prompt_tokens=16,output_tokens=8",
            "--output", f"kind=json,path={out}", "--disable-console-interactive"]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     run = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=240)
