@@ -18,7 +18,7 @@ from werkzeug.exceptions import HTTPException
 from engine.errors import ServingError
 from engine.serving.fleet import Fleet
 from engine.serving.messages import RequestError
-from web.openai_protocol import Choice, Reply, parse_request
+from web.openai_protocol import Choice, Reply, parse_request, server_timing
 from web.openai_request import ParsedRequest
 
 log = logging.getLogger("servelab.api")
@@ -198,7 +198,10 @@ def _sse(f: Fleet, out: Reply, events: queue.Queue, ping_s: float) -> Iterator[s
             entries = out.absorb(choice, event)
             if event.text or event.finished or entries or not choice.started:
                 text = event.text if choice.started else choice.echo_text + event.text
-                yield _data(out.chunk(choice, text, entries, event.finish_reason if event.finished else None))
+                body = out.chunk(choice, text, entries, event.finish_reason if event.finished else None)
+                if event.finished and event.times is not None:
+                    body["servelab"] = server_timing(event.times)  # the server's figures for this choice
+                yield _data(body)
         else:
             if out.req.include_usage:
                 yield _data(out.usage_chunk())

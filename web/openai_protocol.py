@@ -8,10 +8,11 @@ from typing import Any
 
 from engine.logprobs import TokenLogprobs
 from engine.model.tokenizer import ChatTokenizer
+from engine.sequence import RequestTimes
 from engine.serving.messages import TokenDelta
 from web.openai_request import ParsedRequest, parse_request
 
-__all__ = ["Choice", "Reply", "parse_request"]
+__all__ = ["Choice", "Reply", "parse_request", "server_timing"]
 
 
 @dataclass
@@ -155,3 +156,18 @@ class Reply:
     def _chat_token(self, token_id: int, logprob: float) -> dict[str, Any]:
         return {"token": self.tokenizer.token_text(token_id), "logprob": logprob,
                 "bytes": self.tokenizer.token_bytes(token_id)}  # fmt: skip
+
+
+def server_timing(times: RequestTimes) -> dict[str, float | None]:
+    """ServeLab's extension on a stream's last chunk (`servelab`): the server's own figures for
+    this request, from its one arrival time, so a client can set them beside what it measured."""
+
+    def span(start: float | None, end: float | None) -> float | None:
+        return None if start is None or end is None else round(end - start, 6)
+
+    return {
+        "ttft_s": span(times.arrival, times.first_token),
+        "queue_time_s": span(times.arrival, times.scheduled),
+        "central_queue_s": span(times.arrival, times.queued),
+        "e2e_s": span(times.arrival, times.tokens[-1] if times.tokens else None),
+    }

@@ -167,7 +167,9 @@ class Router:
                         break
                     self.queue.pop()
                     self._remember_prefix(replica, head)
-                    replica.submit(head.request_id, head.prompt_token_ids, head.params, events=head.payload)
+                    replica.submit(
+                        head.request_id, head.prompt_token_ids, head.params, events=head.payload, arrival_time=head.arrival
+                    )
 
     def _pick(self, request: QueuedRequest) -> ReplicaHandle | None:
         hashes = self._block_hashes(request)
