@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,7 +21,6 @@ from engine.contiguous_allocator import ContiguousAllocator
 from engine.detokenizer import detokenize_step
 from engine.distributed import ShardGroup, tp_stats
 from engine.errors import InvalidParamError
-from engine.logprobs import TokenLogprobs
 from engine.memory import plan_kv_blocks
 from engine.model.loader import load_model
 from engine.model.paths import default_gguf_path
@@ -31,6 +30,9 @@ from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
 from engine.sequence import RequestTimes, Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from engine.logprobs import TokenLogprobs
 
 log = logging.getLogger("servelab.engine")
 
@@ -196,8 +198,7 @@ class LLMEngine:
         elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             reason = "length"
         seq.output_text += detokenize_step(self.tokenizer, seq.output_token_ids, seq.detok, final=reason is not None)
-        stops_allowed = len(seq.output_token_ids) >= params.min_tokens
-        if params.stop and stops_allowed and (cut := _find_stop(seq.output_text, params.stop)) is not None:
+        if params.stop and (cut := _find_stop(seq.output_text, params.stop)) is not None:
             seq.output_text = seq.output_text[:cut]
             reason = "stop"
         if reason:
