@@ -36,6 +36,21 @@ class ModelRunner:
         # Tensor parallelism: rank 0 sends each step's batch to the other ranks before running it.
         self.on_step: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], None] | None = None
 
+    def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        """echo: the logprob of each prompt token given the ones before it, from this chunk's
+        rows (position p's logits predict token p + 1). Only asked-for requests pay for the full
+        logits; positions already done (before a preemption's recompute) are skipped."""
+        if not seq.prompt_logprobs:
+            seq.prompt_logprobs.append(None)  # the first token has nothing before it
+        start = seq.num_computed_tokens
+        first = len(seq.prompt_logprobs) - 1  # the next position whose logits are still needed
+        end = min(start + hidden.shape[0], seq.num_prompt_tokens - 1)
+        k = seq.params.prompt_logprobs or 0
+        for lo in range(max(first, start), end, PROMPT_LOGITS_ROWS):  # bounded memory: V floats per row
+            hi = min(lo + PROMPT_LOGITS_ROWS, end)
+            logits = self.model.compute_logits(hidden[lo - start : hi - start]).cpu()
+            seq.prompt_logprobs += token_logprobs(logits, seq.prompt_token_ids[lo + 1 : hi + 1], [k] * (hi - lo))
+
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the new token of every sequence whose known tokens are all computed."""
@@ -107,18 +122,3 @@ class ModelRunner:
             prefills=chunks,
         )
         return torch.tensor(token_ids, device=dev), torch.tensor(positions, device=dev), attn
-
-    def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
-        """echo: the logprob of each prompt token given the ones before it, from this chunk's
-        rows (position p's logits predict token p + 1). Only asked-for requests pay for the full
-        logits; positions already done (before a preemption's recompute) are skipped."""
-        if not seq.prompt_logprobs:
-            seq.prompt_logprobs.append(None)  # the first token has nothing before it
-        start = seq.num_computed_tokens
-        first = len(seq.prompt_logprobs) - 1  # the next position whose logits are still needed
-        end = min(start + hidden.shape[0], seq.num_prompt_tokens - 1)
-        k = seq.params.prompt_logprobs or 0
-        for lo in range(max(first, start), end, PROMPT_LOGITS_ROWS):  # bounded memory: V floats per row
-            hi = min(lo + PROMPT_LOGITS_ROWS, end)
-            logits = self.model.compute_logits(hidden[lo - start : hi - start]).cpu()
-            seq.prompt_logprobs += token_logprobs(logits, seq.prompt_token_ids[lo + 1 : hi + 1], [k] * (hi - lo))
