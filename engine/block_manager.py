@@ -55,8 +55,9 @@ class BlockManager:
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Blocks holding the longest cached prefix of seq; at least one token is left to compute,
-        since the last prompt position must run to produce the first output token."""
-        if not self.enable_prefix_caching:
+        since the last prompt position must run to produce the first output token. A request
+        that wants prompt logprobs takes no hit: every prompt position has to run for them."""
+        if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
             return []
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs

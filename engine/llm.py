@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
+from engine.logprobs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.sequence import RequestTimes
 
@@ -23,6 +24,9 @@ class GenerationOutput:
     finish_reason: str | None
     num_cached_tokens: int
     times: RequestTimes
+    # When SamplingParams asked for them (engine/logprobs.py): per output token; per prompt token.
+    logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 class LLM:
@@ -68,6 +72,8 @@ class LLM:
                 s.finish_reason,
                 s.num_cached_tokens,
                 s.times,
+                s.output_logprobs if s.params.logprobs is not None else None,
+                s.prompt_logprobs if s.params.prompt_logprobs is not None else None,
             )
             for rid, s in ((rid, done[rid]) for rid in ids)
         ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
 from engine.sequence import RequestTimes, Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from engine.logprobs import TokenLogprobs
 
 log = logging.getLogger("servelab.engine")
 
@@ -57,6 +60,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     seq: Sequence
+    logprobs: list[TokenLogprobs] | None = None  # this step's tokens', when the request asked
 
 
 class LLMEngine:
@@ -204,7 +208,8 @@ class LLMEngine:
         end = max(seq.num_text_emitted, len(seq.output_text) - hold)
         new_text = seq.output_text[seq.num_text_emitted : end]
         seq.num_text_emitted = end
-        return RequestOutput(seq.request_id, [token], new_text, reason is not None, reason, seq)
+        logprobs = seq.output_logprobs[-1:] if params.logprobs is not None else None
+        return RequestOutput(seq.request_id, [token], new_text, reason is not None, reason, seq, logprobs)
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         seq.status = SequenceStatus.FINISHED

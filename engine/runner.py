@@ -7,10 +7,14 @@ from collections.abc import Callable
 
 import torch
 
+from engine.logits_processors import process_logits
+from engine.logprobs import token_logprobs
 from engine.model.llama import AttentionBatch, Llama, PrefillChunk
 from engine.sampler import Sampler
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
+
+PROMPT_LOGITS_ROWS = 256  # prompt positions per logits matmul when a request wants prompt logprobs
 
 
 class ModelRunner:
@@ -28,8 +32,24 @@ class ModelRunner:
 
         self.kv_caches = [(cache(), cache()) for _ in range(cfg.num_layers)]
         self.sampler = Sampler()
+        self.eos_token_ids = list(cfg.eos_token_ids)  # masked while a request is under min_tokens
         # Tensor parallelism: rank 0 sends each step's batch to the other ranks before running it.
         self.on_step: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], None] | None = None
+
+    def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        """echo: the logprob of each prompt token given the ones before it, from this chunk's
+        rows (position p's logits predict token p + 1). Only asked-for requests pay for the full
+        logits; positions already done (before a preemption's recompute) are skipped."""
+        if not seq.prompt_logprobs:
+            seq.prompt_logprobs.append(None)  # the first token has nothing before it
+        start = seq.num_computed_tokens
+        first = len(seq.prompt_logprobs) - 1  # the next position whose logits are still needed
+        end = min(start + hidden.shape[0], seq.num_prompt_tokens - 1)
+        k = seq.params.prompt_logprobs or 0
+        for lo in range(max(first, start), end, PROMPT_LOGITS_ROWS):  # bounded memory: V floats per row
+            hi = min(lo + PROMPT_LOGITS_ROWS, end)
+            logits = self.model.compute_logits(hidden[lo - start : hi - start]).cpu()
+            seq.prompt_logprobs += token_logprobs(logits, seq.prompt_token_ids[lo + 1 : hi + 1], [k] * (hi - lo))
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
@@ -48,15 +68,25 @@ class ModelRunner:
         rows: list[int] = []
         offset = 0
         for seq, n in decodes + prefills:
+            if seq.params.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens - 1:
+                self._prompt_logprobs(seq, hidden[offset : offset + n])
             offset += n
             if seq.num_computed_tokens + n == seq.num_tokens:
                 to_sample.append(seq)
                 rows.append(offset - 1)
         if not to_sample:
             return {}
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
         ids = [s.request_id for s in to_sample]
-        tokens = self.sampler.sample(logits.cpu(), [s.params for s in to_sample], ids)
+        processed = process_logits(logits, to_sample, self.eos_token_ids)
+        tokens = self.sampler.sample(processed, [s.params for s in to_sample], ids)
+        wanted = [r for r, s in enumerate(to_sample) if s.params.logprobs is not None]
+        if wanted:  # from the model's logits, before penalties (see engine/logprobs.py)
+            found = token_logprobs(
+                logits[wanted], [tokens[r] for r in wanted], [to_sample[r].params.logprobs or 0 for r in wanted]
+            )
+            for r, lp in zip(wanted, found):
+                to_sample[r].output_logprobs.append(lp)
         return dict(zip(ids, tokens))
 
     def _prepare(

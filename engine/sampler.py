@@ -29,8 +29,9 @@ class Sampler:
         sub = sub / temps[:, None]
         top_ks = [params[i].top_k for i in random_rows]
         top_ps = [params[i].top_p for i in random_rows]
-        if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps):
-            sub = _apply_top_k_top_p(sub, top_ks, top_ps)
+        min_ps = [params[i].min_p for i in random_rows]
+        if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps) or any(m > 0 for m in min_ps):
+            sub = _apply_top_k_top_p(sub, top_ks, top_ps, min_ps)
         probs = torch.softmax(sub, dim=-1)
         noise = torch.empty_like(probs)
         for row, i in enumerate(random_rows):
@@ -47,7 +48,9 @@ class Sampler:
         return result.tolist()
 
 
-def _apply_top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[float]) -> torch.Tensor:
+def _apply_top_k_top_p(
+    logits: torch.Tensor, top_ks: list[int], top_ps: list[float], min_ps: list[float]
+) -> torch.Tensor:
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[-1]
     ks = torch.tensor([k if k > 0 else vocab for k in top_ks])
@@ -57,5 +60,7 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_ks: list[int], top_ps: list[flo
     # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
     mass_before = probs.cumsum(dim=-1) - probs
     drop |= mass_before >= torch.tensor(top_ps, dtype=probs.dtype)[:, None]
+    # min_p: drop what is less likely than min_p x the top token (which itself always stays).
+    drop |= probs < torch.tensor(min_ps, dtype=probs.dtype)[:, None] * probs[:, :1]
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.logprobs import TokenLogprobs
 
 
 class SequenceStatus(enum.Enum):
@@ -86,6 +90,9 @@ class Sequence:
     output_text: str = ""
     num_text_emitted: int = 0
     detok: DetokenizerState = field(default_factory=DetokenizerState)
+    # When params ask for them: one entry per output token; per prompt token (None for the first).
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -109,19 +109,39 @@ def test_official_client_chat_and_completions(client: openai.OpenAI) -> None:
 
 
 BIG = "x" * (2 << 20)
+
+
+def user(content: object) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
 MATRIX = [
     ({"raw": b"{not json"}, 400, None),
     ({"raw": b"[1, 2]"}, 400, None),
     ({"body": {"model": MODEL}}, 400, "prompt"),
     ({"body": {"prompt": ""}}, 400, "prompt"),
-    ({"body": {"prompt": ["a", "b"]}}, 400, "prompt"),
+    ({"body": {"prompt": ["a", 7]}}, 400, "prompt"),
+    ({"body": {"prompt": [[1, 2], []]}}, 400, "prompt[1]"),
+    ({"body": {"prompt": [[1, "x"], [2]]}}, 400, "prompt[0]"),
     ({"body": {"prompt": "hi", "max_tokens": 0}}, 400, "max_tokens"),
     ({"body": {"prompt": "hi", "max_tokens": -3}}, 400, "max_tokens"),
     ({"body": {"prompt": "hi", "max_tokens": "10"}}, 400, "max_tokens"),
     ({"body": {"prompt": "hi", "max_tokens": 9000}}, 400, "max_tokens"),
     ({"body": {"prompt": "hi", "temperature": -1}}, 400, "temperature"),
     ({"body": {"prompt": "hi", "top_p": 2}}, 400, "top_p"),
-    ({"body": {"prompt": "hi", "n": 5}}, 400, "n"),
+    ({"body": {"prompt": "hi", "n": 0}}, 400, "n"),
+    ({"body": {"prompt": "hi", "n": 2, "best_of": 3}}, 400, "best_of"),
+    ({"body": {"prompt": "hi", "logprobs": 21}}, 400, "logprobs"),
+    ({"body": {"prompt": "hi", "logprobs": True}}, 400, "logprobs"),
+    ({"body": {"prompt": "hi", "echo": "yes"}}, 400, "echo"),
+    ({"body": {"prompt": "hi", "presence_penalty": 3}}, 400, "presence_penalty"),
+    ({"body": {"prompt": "hi", "repetition_penalty": 0}}, 400, "repetition_penalty"),
+    ({"body": {"prompt": "hi", "min_tokens": 20, "max_tokens": 4}}, 400, "min_tokens"),
+    ({"body": {"prompt": "hi", "logit_bias": {"50": 5}}}, 400, "logit_bias"),
+    ({"body": {"prompt": "hi", "suffix": "end"}}, 400, "suffix"),
+    ({"body": {"prompt": "hi", "frobnicate": 1}}, 400, "frobnicate"),
+    ({"body": {"prompt": "hi", "messages": []}}, 400, "messages"),
+    ({"body": {"prompt": "hi", "stream": True, "stream_options": {"x": 1}}}, 400, "stream_options.x"),
     ({"body": {"prompt": "hi", "stream": "yes"}}, 400, "stream"),
     ({"body": {"prompt": "hi", "stop": [1]}}, 400, "stop"),
     ({"body": {"prompt": "hi", "model": "gpt-4"}}, 404, "model"),
@@ -130,6 +150,27 @@ MATRIX = [
     ({"body": {"prompt": "hi"}, "headers": {"Authorization": "Bearer wrong"}}, 401, None),
     ({"chat": {"messages": "hello"}}, 400, "messages"),
     ({"chat": {}}, 400, "messages"),
+    ({"chat": {"messages": []}}, 400, "messages"),
+    ({"chat": {"messages": [{"role": "robot", "content": "hi"}]}}, 400, "messages[0].role"),
+    ({"chat": {"messages": [{"role": "user", "content": None}]}}, 400, "messages[0].content"),
+    (
+        {"chat": {"messages": user([{"type": "image_url", "image_url": {"url": "x"}}])}},
+        400,
+        "messages[0].content[0].type",
+    ),
+    (
+        {"chat": {"messages": user([{"type": "text", "text": "a"}, {"type": "input_audio"}])}},
+        400,
+        "messages[0].content[1].type",
+    ),
+    ({"chat": {"messages": user([{"type": "text"}])}}, 400, "messages[0].content[0].text"),
+    ({"chat": {"messages": [{"role": "user", "content": "hi", "mood": "x"}]}}, 400, "messages[0].mood"),
+    ({"chat": {"messages": user("hi"), "top_logprobs": 2}}, 400, "top_logprobs"),
+    ({"chat": {"messages": user("hi"), "logprobs": True, "top_logprobs": 21}}, 400, "top_logprobs"),
+    ({"chat": {"messages": user("hi"), "response_format": {"type": "json_object"}}}, 400, "response_format"),
+    ({"chat": {"messages": user("hi"), "tools": [{"type": "function"}]}}, 400, "tools"),
+    ({"chat": {"messages": user("hi"), "echo": True}}, 400, "echo"),
+    ({"chat": {"messages": user("hi"), "prompt": "x"}}, 400, "prompt"),
 ]
 
 

@@ -9,6 +9,7 @@ import json
 import logging
 import queue
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from flask import Blueprint, Response, current_app, request
@@ -17,7 +18,8 @@ from werkzeug.exceptions import HTTPException
 from engine.errors import ServingError
 from engine.serving.fleet import Fleet
 from engine.serving.messages import RequestError
-from web.openai_protocol import ParsedRequest, chunk, completion, parse_request, server_timing, usage
+from web.openai_protocol import Choice, Reply, parse_request, server_timing
+from web.openai_request import ParsedRequest
 
 log = logging.getLogger("servelab.api")
 
@@ -111,80 +113,101 @@ def _generate(kind: str) -> Response:
     except (ValueError, UnicodeDecodeError) as err:
         raise ServingError(400, "the body is not valid JSON", None, "invalid_json") from err
     req = parse_request(body, kind, f.model_name)
-    if req.kind == "chat":
-        prompt_ids = f.tokenizer.encode(f.tokenizer.apply_chat_template(req.prompt))  # type: ignore[arg-type]
-    else:
-        prompt_ids = f.tokenizer.encode(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
-    if not prompt_ids:
-        raise ServingError(400, "the prompt encodes to no tokens", "prompt", "invalid_value")
-    if any(not 0 <= t < f.tokenizer.vocab_size for t in prompt_ids):
-        raise ServingError(400, f"token ids must be in [0, {f.tokenizer.vocab_size})", "prompt", "invalid_value")
-    events = f.submit(req.request_id, prompt_ids, req.params, api_key)
+    prompts = _prompt_ids(f, req)
+    out = Reply(req, f.model_name, f.tokenizer, [len(ids) for ids in prompts])
+    # One sub-request per prompt x sample, all on one event queue; choice index = prompt * n + sample.
+    events: queue.Queue = queue.Queue()
+    for p, ids in enumerate(prompts):
+        for j in range(req.n):
+            index = p * req.n + j
+            rid = req.request_id if len(prompts) * req.n == 1 else f"{req.request_id}-{index}"
+            echo = f.tokenizer.decode(ids) if req.echo else ""
+            out.choices.append(Choice(index, rid, p, echo, ids[0]))
+    try:
+        for choice in out.choices:
+            j = choice.index % req.n
+            # Samples of one prompt are independent: with a seed, each gets its own (seed + j).
+            params = req.params if not j or req.params.seed is None else replace(req.params, seed=req.params.seed + j)
+            f.submit(choice.request_id, prompts[choice.prompt_index], params, api_key, events=events)
+            choice.submitted = True
+    except ServingError:
+        _abort(f, out.choices)  # all or none: the ones already admitted stop
+        raise
     if req.stream:
         return Response(
-            _sse(f, req, events, len(prompt_ids), current_app.config.get("SSE_PING_S", DEFAULT_PING_S)),
+            _sse(f, out, events, current_app.config.get("SSE_PING_S", DEFAULT_PING_S)),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-    return _complete(f, req, events, len(prompt_ids))
+    return _complete(f, out, events)
 
 
-def _complete(f: Fleet, req: ParsedRequest, events: queue.Queue, num_prompt: int) -> Response:
-    text, tokens = [], 0
-    while True:
-        try:
-            event = events.get(timeout=NO_EVENT_TIMEOUT_S)
-        except queue.Empty:
-            f.router.abort(req.request_id)
-            raise ServingError(503, "the request timed out", None, "timeout") from None
-        if isinstance(event, RequestError):
-            raise _request_error(event)
-        text.append(event.text)
-        tokens += len(event.token_ids)
-        if event.finished:
-            body = completion(req, f.model_name, "".join(text), event.finish_reason, num_prompt, tokens)
-            return Response(json.dumps(body), mimetype="application/json")
+def _prompt_ids(f: Fleet, req: ParsedRequest) -> list[list[int]]:
+    if req.kind == "chat":
+        text = f.tokenizer.apply_chat_template(req.messages, add_generation_prompt=req.add_generation_prompt)
+        prompts = [f.tokenizer.encode(text)]
+    else:
+        prompts = [f.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
+    for i, ids in enumerate(prompts):
+        param = "messages" if req.kind == "chat" else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if not ids:
+            raise ServingError(400, "the prompt encodes to no tokens", param, "invalid_value")
+        if any(not 0 <= t < f.tokenizer.vocab_size for t in ids):
+            raise ServingError(400, f"token ids must be in [0, {f.tokenizer.vocab_size})", param, "invalid_value")
+    return prompts
 
 
-def _sse(f: Fleet, req: ParsedRequest, events: queue.Queue, num_prompt: int, ping_s: float) -> Iterator[str]:
-    finished, first, tokens = False, True, 0
+def _abort(f: Fleet, choices: list[Choice]) -> None:
+    for choice in choices:
+        if choice.submitted and not choice.finished:
+            f.router.abort(choice.request_id)
+
+
+def _complete(f: Fleet, out: Reply, events: queue.Queue) -> Response:
+    by_id = {c.request_id: c for c in out.choices}
     try:
-        while True:
+        while not all(c.finished for c in out.choices):
+            try:
+                event = events.get(timeout=NO_EVENT_TIMEOUT_S)
+            except queue.Empty:
+                raise ServingError(503, "the request timed out", None, "timeout") from None
+            if isinstance(event, RequestError):
+                by_id[event.request_id].finished = True
+                raise _request_error(event)
+            out.absorb(by_id[event.request_id], out.visible(event))
+    finally:
+        _abort(f, out.choices)  # on an error or timeout, the other choices stop too
+    return Response(json.dumps(out.completion()), mimetype="application/json")
+
+
+def _sse(f: Fleet, out: Reply, events: queue.Queue, ping_s: float) -> Iterator[str]:
+    by_id = {c.request_id: c for c in out.choices}
+    try:
+        while not all(c.finished for c in out.choices):
             try:
                 event = events.get(timeout=ping_s)
             except queue.Empty:
                 yield ": ping\n\n"
                 continue
+            choice = by_id[event.request_id]
             if isinstance(event, RequestError):
-                finished = True
+                choice.finished = True
                 yield _data(_request_error(event).body())
                 break
-            tokens += len(event.token_ids)
-            if event.text or event.finished or first:
-                reason = event.finish_reason if event.finished else None
-                body = chunk(req, f.model_name, event.text, reason, first)
+            event = out.visible(event)
+            entries = out.absorb(choice, event)
+            if event.text or event.finished or entries or not choice.started:
+                text = event.text if choice.started else choice.echo_text + event.text
+                body = out.chunk(choice, text, entries, event.finish_reason if event.finished else None)
                 if event.finished and event.times is not None:
-                    body["servelab"] = server_timing(event.times)
+                    body["servelab"] = server_timing(event.times)  # the server's figures for this choice
                 yield _data(body)
-                first = False
-            if event.finished:
-                finished = True
-                if req.include_usage:
-                    yield _data(
-                        {
-                            "id": req.request_id,
-                            "object": "chat.completion.chunk" if req.kind == "chat" else "text_completion",
-                            "created": req.created,
-                            "model": f.model_name,
-                            "choices": [],
-                            "usage": usage(num_prompt, tokens),
-                        }
-                    )
-                break
+        else:
+            if out.req.include_usage:
+                yield _data(out.usage_chunk())
         yield "data: [DONE]\n\n"
-    finally:
-        if not finished:  # the client went away (GeneratorExit at a yield): stop the work
-            f.router.abort(req.request_id)
+    finally:  # the client went away (GeneratorExit at a yield), or one choice failed: stop the rest
+        _abort(f, out.choices)
 
 
 def _data(obj: dict[str, Any]) -> str:

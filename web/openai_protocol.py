@@ -1,120 +1,161 @@
-"""OpenAI request parsing and response shapes, kept apart from the HTTP plumbing.
-
-Bad input raises ServingError with the OpenAI error body's fields; nothing here knows Flask."""
+"""OpenAI response shapes: completions and chat, whole or as stream chunks, with logprobs in
+each endpoint's own shape. One Choice per prompt x n sample; nothing here knows Flask."""
 
 from __future__ import annotations
 
-import time
-import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.errors import InvalidParamError, ServingError
-from engine.sampling_params import SamplingParams
+from engine.logprobs import TokenLogprobs
+from engine.model.tokenizer import ChatTokenizer
 from engine.sequence import RequestTimes
+from engine.serving.messages import TokenDelta
+from web.openai_request import ParsedRequest, parse_request
+
+__all__ = ["Choice", "Reply", "parse_request", "server_timing"]
 
 
 @dataclass
-class ParsedRequest:
-    kind: str  # "completion" or "chat"
-    prompt: str | list[int]
-    params: SamplingParams
-    stream: bool
-    include_usage: bool
+class Choice:
+    """One choice being generated: sub-request `request_id`, answered as choices[index]."""
+
+    index: int
     request_id: str
-    created: int
+    prompt_index: int
+    echo_text: str = ""  # echo: the prompt's text, sent ahead of the first token
+    first_prompt_id: int = 0  # echo: the prompt's first token (listed with a null logprob)
+    text: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    finish_reason: str | None = None
+    finished: bool = False
+    started: bool = False  # its first chunk went out (chat: the one with the role)
+    submitted: bool = False  # admitted by the router (so an abort has something to stop)
+    # Logprobs so far: (token id, its TokenLogprobs, or None for the prompt's first token).
+    logprobs: list[tuple[int, TokenLogprobs | None]] = field(default_factory=list)
+    text_offset: int = 0  # completions' text_offset of the next token
 
 
-def _check(body: dict[str, Any], name: str, types: tuple[type, ...], required: bool = False) -> Any:
-    value = body.get(name)
-    if value is None:
-        if required:
-            raise ServingError(400, f"'{name}' is required", name, "missing_field")
-        return None
-    if isinstance(value, bool) and bool not in types:
-        raise ServingError(400, f"'{name}' must be {' or '.join(t.__name__ for t in types)}", name, "invalid_type")
-    if not isinstance(value, types):
-        raise ServingError(400, f"'{name}' must be {' or '.join(t.__name__ for t in types)}", name, "invalid_type")
-    return value
+class Reply:
+    """Builds the bodies for one request: its choices, usage and logprobs."""
 
+    def __init__(self, req: ParsedRequest, model: str, tokenizer: ChatTokenizer, prompt_lens: list[int]) -> None:
+        self.req = req
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prompt_lens = prompt_lens
+        self.choices: list[Choice] = []
 
-def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
-    if not isinstance(body, dict):
-        raise ServingError(400, "the body must be a JSON object", None, "invalid_json")
-    model = _check(body, "model", (str,))
-    if model is not None and model != model_name:
-        raise ServingError(
-            404, f"model '{model}' does not exist; this server serves '{model_name}'", "model", "model_not_found"
-        )
-    if kind == "chat":
-        messages = _check(body, "messages", (list,), required=True)
-        if not messages or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages
-        ):
-            raise ServingError(
-                400, "'messages' must be a non-empty list of {role, content} strings", "messages", "invalid_value"
-            )
-        prompt: str | list[int] = messages  # type: ignore[assignment]  # templated by the caller
-    else:
-        prompt = _check(body, "prompt", (str, list), required=True)
-        if isinstance(prompt, list) and not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            raise ServingError(
-                400,
-                "'prompt' must be a string or one list of token ids (batches are not supported)",
-                "prompt",
-                "invalid_value",
-            )
-        if not prompt:
-            raise ServingError(400, "'prompt' must not be empty", "prompt", "invalid_value")
-    n = _check(body, "n", (int,))
-    if n is not None and n != 1:
-        raise ServingError(400, "only n=1 is supported", "n", "invalid_value")
-    max_tokens = _check(body, "max_completion_tokens", (int,))
-    if max_tokens is None:
-        max_tokens = _check(body, "max_tokens", (int,))
-    stop = _check(body, "stop", (str, list))
-    stream = _check(body, "stream", (bool,)) or False
-    options = _check(body, "stream_options", (dict,)) or {}
-    try:
-        params = SamplingParams(
-            temperature=_number(body, "temperature", 1.0),
-            top_p=_number(body, "top_p", 1.0),
-            top_k=_check(body, "top_k", (int,)) or 0,
-            seed=_check(body, "seed", (int,)),
-            max_tokens=16 if max_tokens is None else max_tokens,
-            stop=[stop] if isinstance(stop, str) else list(stop or []),
-            ignore_eos=_check(body, "ignore_eos", (bool,)) or False,
-        )
-    except InvalidParamError as err:
-        raise ServingError(400, err.message, err.param, "invalid_value") from err
-    return ParsedRequest(
-        kind,
-        prompt,
-        params,
-        stream,
-        bool(options.get("include_usage")),
-        f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
-        int(time.time()),
-    )
+    @property
+    def chat(self) -> bool:
+        return self.req.kind == "chat"
 
+    def usage(self) -> dict[str, int]:
+        prompt = sum(self.prompt_lens)  # once per prompt, however many samples of it
+        completion = sum(c.num_tokens for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-def _number(body: dict[str, Any], name: str, default: float) -> float:
-    value = _check(body, name, (int, float))
-    return default if value is None else float(value)
+    def visible(self, delta: TokenDelta) -> TokenDelta:
+        """What of a delta the client sees: with score_only, not the one token generated."""
+        if not self.req.score_only:
+            return delta
+        return replace(delta, token_ids=[], text="", logprobs=None, finish_reason="length")
 
+    def absorb(self, choice: Choice, delta: TokenDelta) -> list[tuple[int, TokenLogprobs | None]]:
+        """Fold one delta into its choice; returns the logprob entries it brought."""
+        entries: list[tuple[int, TokenLogprobs | None]] = []
+        if delta.prompt_logprobs is not None:
+            entries += [
+                (choice.first_prompt_id, None) if lp is None else (lp.token_id, lp) for lp in delta.prompt_logprobs
+            ]
+        if delta.logprobs is not None:
+            entries += [(lp.token_id, lp) for lp in delta.logprobs]
+        choice.logprobs += entries
+        choice.text.append(delta.text)
+        choice.num_tokens += len(delta.token_ids)
+        if delta.finished:
+            choice.finished, choice.finish_reason = True, delta.finish_reason
+        return entries
 
-def chunk(req: ParsedRequest, model: str, text: str, finish_reason: str | None, first: bool) -> dict[str, Any]:
-    if req.kind == "chat":
-        delta: dict[str, Any] = {"content": text}
-        if first:
-            delta["role"] = "assistant"
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
-    return {"id": req.request_id, "object": obj, "created": req.created, "model": model, "choices": [choice]}
+    # bodies -----------------------------------------------------------------------------------
+
+    def chunk(self, choice: Choice, text: str, entries: list, finish_reason: str | None) -> dict[str, Any]:
+        logprobs = None if self.req.logprobs is None else self._logprobs(choice, entries)
+        if self.chat:
+            delta: dict[str, Any] = {"content": text}
+            if not choice.started:
+                delta["role"] = "assistant"
+            body = {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        else:
+            body = {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice.started = True
+        out = self._envelope(self.chat and "chat.completion.chunk" or "text_completion", [body])
+        if self.req.continuous_usage:
+            out["usage"] = self.usage()
+        return out
+
+    def usage_chunk(self) -> dict[str, Any]:
+        out = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
+        out["usage"] = self.usage()
+        return out
+
+    def completion(self) -> dict[str, Any]:
+        bodies = []
+        for c in sorted(self.choices, key=lambda c: c.index):
+            text = c.echo_text + "".join(c.text)
+            logprobs = None
+            if self.req.logprobs is not None:
+                c.text_offset = 0
+                logprobs = self._logprobs(c, c.logprobs)
+            if self.chat:
+                message = {"role": "assistant", "content": text}
+                bodies.append(
+                    {"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": c.finish_reason}
+                )
+            else:
+                bodies.append({"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+        out = self._envelope("chat.completion" if self.chat else "text_completion", bodies)
+        out["usage"] = self.usage()
+        return out
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.req.request_id, "object": obj, "created": self.req.created, "model": self.model,
+                "choices": choices}  # fmt: skip
+
+    # logprobs, in each endpoint's shape ----------------------------------------------------------
+
+    def _logprobs(self, choice: Choice, entries: list[tuple[int, TokenLogprobs | None]]) -> dict[str, Any]:
+        if self.chat:
+            return {"content": [self._chat_entry(lp) for _, lp in entries if lp is not None], "refusal": None}
+        tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+        for token_id, lp in entries:
+            token = self.tokenizer.token_text(token_id)
+            tokens.append(token)
+            offsets.append(choice.text_offset)
+            choice.text_offset += len(token)
+            token_logprobs.append(None if lp is None else lp.logprob)
+            if lp is None:
+                top_logprobs.append(None)
+                continue
+            # The k best, and the chosen token's own (vLLM's completions shape; may be k + 1).
+            top = {self.tokenizer.token_text(t): v for t, v in lp.top}
+            top.setdefault(token, lp.logprob)
+            top_logprobs.append(top)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": offsets,
+        }
+
+    def _chat_entry(self, lp: TokenLogprobs) -> dict[str, Any]:
+        return {
+            **self._chat_token(lp.token_id, lp.logprob),
+            "top_logprobs": [self._chat_token(t, v) for t, v in lp.top],
+        }
+
+    def _chat_token(self, token_id: int, logprob: float) -> dict[str, Any]:
+        return {"token": self.tokenizer.token_text(token_id), "logprob": logprob,
+                "bytes": self.tokenizer.token_bytes(token_id)}  # fmt: skip
 
 
 def server_timing(times: RequestTimes) -> dict[str, float | None]:
@@ -129,36 +170,4 @@ def server_timing(times: RequestTimes) -> dict[str, float | None]:
         "queue_time_s": span(times.arrival, times.scheduled),
         "central_queue_s": span(times.arrival, times.queued),
         "e2e_s": span(times.arrival, times.tokens[-1] if times.tokens else None),
-    }
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def completion(
-    req: ParsedRequest, model: str, text: str, finish_reason: str | None, prompt_tokens: int, completion_tokens: int
-) -> dict[str, Any]:
-    if req.kind == "chat":
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": None,
-            "finish_reason": finish_reason,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
-    return {
-        "id": req.request_id,
-        "object": obj,
-        "created": req.created,
-        "model": model,
-        "choices": [choice],
-        "usage": usage(prompt_tokens, completion_tokens),
     }

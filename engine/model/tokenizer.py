@@ -48,6 +48,18 @@ class ChatTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def token_text(self, token_id: int) -> str:
+        """One token as text (special tokens included), as logprobs list it."""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        """The exact UTF-8 bytes of one token, even half a character (chat logprobs' `bytes`):
+        byte-level BPE spells each byte as one printable character of its vocab string."""
+        piece = self.tokenizer.id_to_token(token_id)
+        if isinstance(self.tokenizer.decoder, decoders.ByteLevel) and piece and all(c in _BYTE_OF for c in piece):
+            return [_BYTE_OF[c] for c in piece]
+        return list(self.token_text(token_id).encode())
+
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if self._template is None:
             raise ModelLoadError("this model has no chat template", param="messages")
@@ -57,6 +69,22 @@ class ChatTokenizer:
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
         )
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte -> printable character table (what ByteLevel vocab strings are made of), inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_level_alphabet()
 
 
 def _raise_template_error(message: str) -> None:

@@ -313,13 +313,18 @@ class Fleet:
         return states
 
     def submit(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, api_key: str | None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        api_key: str | None,
+        events: queue.Queue | None = None,
     ) -> queue.Queue:
         if self.draining:
             raise AdmissionError(503, "draining", "the server is shutting down")
         if not self.ready:
             raise AdmissionError(503, "not_ready", "no replica is ready")
-        return self.router.submit(request_id, prompt_token_ids, params, api_key)
+        return self.router.submit(request_id, prompt_token_ids, params, api_key, events)
 
     def metrics_text(self) -> str:
         return self.bus.prometheus_text(

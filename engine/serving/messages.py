@@ -56,6 +56,8 @@ class TokenDelta:
     # counted then, not at the end of a long answer) and on its last delta (e2e, ITL).
     times: RequestTimes | None = None
     first_token: bool = False  # this delta carries the request's first output token
+    logprobs: list[Any] | None = None  # TokenLogprobs of token_ids, when the request asked
+    prompt_logprobs: list[Any] | None = None  # on the first token's delta, when asked (echo)
 
 
 @dataclass

@@ -172,6 +172,8 @@ def _delta(out: Any) -> TokenDelta:
         seq.num_cached_tokens,
         times,
         first,
+        logprobs=out.logprobs,
+        prompt_logprobs=seq.prompt_logprobs if first and seq.params.prompt_logprobs is not None else None,
     )
 
 

@@ -76,10 +76,16 @@ class Router:
         self._thread.start()
 
     def submit(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, api_key: str | None = None
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        api_key: str | None = None,
+        events: queue.Queue | None = None,
     ) -> queue.Queue:
         """Admit or refuse (AdmissionError); an admitted request's events arrive on the returned
-        queue: TokenDelta, or one RequestError (deadline, failed replica) that ends it."""
+        queue (`events` if given: requests of one API call, n > 1 or a batch, share one):
+        TokenDelta, or one RequestError (deadline, failed replica) that ends it."""
         self.authorize(api_key)
         wait = self.limiter.check(api_key or "")
         if wait > 0:
@@ -92,7 +98,7 @@ class Router:
                 f"prompt + max_tokens is {total} tokens; the context holds {self.config.max_model_len}",
                 param="max_tokens",
             )
-        events: queue.Queue = queue.Queue()
+        events = queue.Queue() if events is None else events
         with self._lock:
             admission = self.queue.offer(QueuedRequest(request_id, prompt_token_ids, params, payload=events))
             self.max_depth_seen = max(self.max_depth_seen, len(self.queue))
