@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import Impl, paged_attention_decode, prefill_attention, store_kv
+from engine.kernels import Impl, cpu_attention, paged_attention_decode, pick_impl, prefill_attention, store_kv
 
 
 @dataclass
@@ -56,6 +56,10 @@ class AttentionBatch:
     decode_block_tables: torch.Tensor  # [num_decodes, max_blocks]
     decode_context_lens: torch.Tensor  # [num_decodes]
     prefills: list[PrefillChunk]
+    # Every sequence in token order, for the C++ CPU op's one call (all int32; None: not built).
+    block_tables: torch.Tensor | None = None  # [S, max_blocks]
+    seq_lens: torch.Tensor | None = None  # [S]: tokens in the cache once this step's are written
+    query_start_loc: torch.Tensor | None = None  # [S + 1]: sequence b's tokens are [qsl[b], qsl[b+1])
 
 
 class DecoderLayer(nn.Module):
@@ -161,9 +165,14 @@ class Llama(nn.Module):
         q = _rope(qkv[:, :q_size].view(num_tokens, cfg.num_heads, d), cos, sin)
         k = _rope(qkv[:, q_size : q_size + kv_size].view(num_tokens, cfg.num_kv_heads, d), cos, sin)
         v = qkv[:, q_size + kv_size :].view(num_tokens, cfg.num_kv_heads, d)
-        impl = self.attention_impl
+        impl = pick_impl(self.attention_impl, q)
         store_kv(k, v, k_cache, v_cache, attn.slot_mapping, impl)
         scale = d**-0.5
+        if impl == "cpu" and attn.seq_lens is not None:  # decodes and prefill chunks in one call
+            lens, starts = attn.seq_lens, attn.query_start_loc
+            return cpu_attention.paged_attention(q, k_cache, v_cache, attn.block_tables, lens, starts, scale).view(
+                num_tokens, q_size
+            )
         outs = []
         nd = attn.num_decodes
         if nd:
