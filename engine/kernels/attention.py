@@ -35,6 +35,11 @@ def pick_impl(impl: Impl | None, tensor: torch.Tensor) -> Impl:
         return "cpu" if tensor.device.type == "cpu" and cpu_attention.available() else "torch"
     if impl not in ("torch", "triton", "cpu"):
         raise ValueError(f"impl must be 'torch', 'triton', 'cpu' or None, got {impl!r}")
+    if impl == "cpu":
+        from engine.kernels import cpu_attention
+
+        if not cpu_attention.available():  # loads the library the first time
+            raise RuntimeError("impl='cpu': the C++ op is not built (`make kernels`) or SERVELAB_CPU_KERNELS=0")
     return impl
 
 
