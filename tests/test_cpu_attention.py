@@ -78,10 +78,10 @@ def varlen_batch(
     }
 
 
-def run_op(b: dict, scale: float, split_tokens: int = 0, simd: bool = True) -> torch.Tensor:
+def run_op(b: dict, scale: float, split_tokens: int = 0, simd: bool = True, sdpa_from: int = 0) -> torch.Tensor:
     out = torch.full_like(b["q"], float("nan"))
     args = (b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["seq_lens"], b["query_start_loc"], scale)
-    cpu_attention.paged_attention_out(out, *args, split_tokens, simd)
+    cpu_attention.paged_attention_out(out, *args, split_tokens, simd, sdpa_from)
     assert not out.isnan().any(), "an output element was not written"
     return out
 
@@ -107,11 +107,13 @@ spans_strategy = st.lists(
     heads_outer=st.booleans(),
     simd=st.booleans(),
     split_tokens=st.sampled_from([0, 8, 32]),
+    sdpa_from=st.sampled_from([0, 2, 16]),  # 0: every chunk in the op's loops; else long ones to torch's SDPA
     seed=st.integers(0, 10_000),
 )
-@example([(0, 1)], 16, 3, 1, 64, torch.float32, True, True, 0, 0)  # context 1
-@example([(300, 1)], 16, 3, 1, 64, torch.bfloat16, True, True, 16, 1)  # one long decode, split
-@example([(37, 1), (0, 23), (5, 1)], 16, 4, 2, 128, torch.float32, False, False, 0, 2)
+@example([(0, 1)], 16, 3, 1, 64, torch.float32, True, True, 0, 0, 0)  # context 1
+@example([(300, 1)], 16, 3, 1, 64, torch.bfloat16, True, True, 16, 0, 1)  # one long decode, split
+@example([(37, 1), (0, 23), (5, 1)], 16, 4, 2, 128, torch.float32, False, False, 0, 0, 2)
+@example([(37, 1), (0, 23), (5, 9)], 4, 3, 2, 64, torch.bfloat16, True, True, 0, 2, 3)
 def test_matches_float64_dense(
     spans: list[tuple[int, int]],
     block_size: int,
@@ -122,10 +124,11 @@ def test_matches_float64_dense(
     heads_outer: bool,
     simd: bool,
     split_tokens: int,
+    sdpa_from: int,
     seed: int,
 ) -> None:
     b = varlen_batch(spans, kvh, group, head_dim, block_size, dtype, heads_outer, seed)
-    out = run_op(b, head_dim**-0.5, split_tokens, simd)
+    out = run_op(b, head_dim**-0.5, split_tokens, simd, sdpa_from)
     starts = b["query_start_loc"].tolist()
     tol = TOLERANCE[dtype]
     for i, (cached, new) in enumerate(spans):

@@ -14,6 +14,10 @@ import os
 
 import torch
 
+# Query chunks of at least this many tokens go to torch's CPU flash attention inside the op (over
+# the sequence's gathered blocks): at O(n^2) work its oneDNN kernels beat the op's own loops.
+SDPA_FROM = 64
+
 
 @functools.cache
 def available() -> bool:
@@ -51,14 +55,15 @@ def paged_attention(
     scale: float,
     split_tokens: int = 0,
     simd: bool = True,
+    sdpa_from: int = SDPA_FROM,
 ) -> torch.Tensor:
     """Varlen attention over the paged cache. q [T, H, D] holds each sequence's last query tokens,
     sequence b's at rows query_start_loc[b]:query_start_loc[b+1]; seq_lens[b] counts its tokens
     including those; block_tables [B, max_blocks]; metadata int32. Returns [T, H, D].
     split_tokens: the fewest keys per split-KV part (0: the op's default); simd=False forces the
-    scalar routines (tests)."""
+    scalar routines (tests); sdpa_from: see SDPA_FROM (0: never)."""
     return torch.ops.servelab.paged_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, sdpa_from
     )
 
 

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -131,6 +132,29 @@ AVX512 void load_block_avx512(const T* src, int64_t row_stride, int64_t n, int64
     for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(dst + j * D + d, load16(src + j * row_stride + d));
 }
 
+// Turns one row's scores s[0, n) into exp(s - m_new) in place and updates its running max and
+// sum; returns alpha = exp(m_old - m_new), the factor its accumulator must be rescaled by.
+AVX512 inline float softmax_step(float* s, int64_t n, float* m, float* l) {
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 mask = first_lanes(n - j);
+    vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, s + j));
+  }
+  const float m_new = std::max(*m, _mm512_reduce_max_ps(vmax));
+  const float alpha = std::exp(*m - m_new);  // 0 on the first block (m = -inf)
+  const __m512 m_vec = _mm512_set1_ps(m_new);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 mask = first_lanes(n - j);
+    const __m512 p = _mm512_maskz_mov_ps(mask, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + j), m_vec)));
+    vsum = _mm512_add_ps(vsum, p);
+    _mm512_mask_storeu_ps(s + j, mask, p);
+  }
+  *l = *l * alpha + _mm512_reduce_add_ps(vsum);
+  *m = m_new;
+  return alpha;
+}
+
 template <int NC>  // head_dim = 16 * NC
 AVX512 void fold_avx512(const float* q, int64_t R, int64_t /*D*/, const float* k, const float* v,
                         const int64_t* visible, float* s, Rows rows) {
@@ -146,23 +170,8 @@ AVX512 void fold_avx512(const float* q, int64_t R, int64_t /*D*/, const float* k
       for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(qr[c], _mm512_loadu_ps(kj + 16 * c), dot);
       s[j] = _mm512_reduce_add_ps(dot);
     }
-    __m512 vmax = _mm512_set1_ps(kNegInf);
-    for (int64_t j = 0; j < nv; j += 16) {
-      const __mmask16 mask = first_lanes(nv - j);
-      vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, s + j));
-    }
-    const float m_new = std::max(rows.m[r], _mm512_reduce_max_ps(vmax));
-    const float alpha = std::exp(rows.m[r] - m_new);
-    const __m512 m_vec = _mm512_set1_ps(m_new);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < nv; j += 16) {
-      const __mmask16 mask = first_lanes(nv - j);
-      const __m512 p = _mm512_maskz_mov_ps(mask, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + j), m_vec)));
-      vsum = _mm512_add_ps(vsum, p);
-      _mm512_mask_storeu_ps(s + j, mask, p);
-    }
+    const __m512 a = _mm512_set1_ps(softmax_step(s, nv, rows.m + r, rows.l + r));
     float* acc_r = rows.acc + r * D;
-    const __m512 a = _mm512_set1_ps(alpha);
     __m512 acc[NC];
     for (int c = 0; c < NC; ++c) acc[c] = _mm512_mul_ps(_mm512_loadu_ps(acc_r + 16 * c), a);
     for (int64_t j = 0; j < nv; ++j) {
@@ -171,9 +180,43 @@ AVX512 void fold_avx512(const float* q, int64_t R, int64_t /*D*/, const float* k
       for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * c), acc[c]);
     }
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc_r + 16 * c, acc[c]);
-    rows.l[r] = rows.l[r] * alpha + _mm512_reduce_add_ps(vsum);
-    rows.m[r] = m_new;
   }
+}
+
+// Decode (one query token, its G heads as the rows): reads the block's K/V straight from the
+// cache, each key and value row loaded and widened once for the whole group, the group's
+// queries and accumulators in registers. s holds G rows of n scores.
+template <typename T, int NC, int G>
+AVX512 void fold_decode_avx512(const float* q, const T* k, int64_t k_row, const T* v, int64_t v_row, int64_t n,
+                               float* s, Rows rows) {
+  constexpr int64_t D = 16 * NC;
+  __m512 qr[G][NC];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NC; ++c) qr[g][c] = _mm512_loadu_ps(q + g * D + 16 * c);
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 kj[NC];
+    for (int c = 0; c < NC; ++c) kj[c] = load16(k + j * k_row + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      __m512 dot = _mm512_mul_ps(qr[g][0], kj[0]);
+      for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(qr[g][c], kj[c], dot);
+      s[g * n + j] = _mm512_reduce_add_ps(dot);
+    }
+  }
+  __m512 acc[G][NC];
+  for (int g = 0; g < G; ++g) {
+    const __m512 a = _mm512_set1_ps(softmax_step(s + g * n, n, rows.m + g, rows.l + g));
+    for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_mul_ps(_mm512_loadu_ps(rows.acc + g * D + 16 * c), a);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 vj[NC];
+    for (int c = 0; c < NC; ++c) vj[c] = load16(v + j * v_row + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(s[g * n + j]);
+      for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(p, vj[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(rows.acc + g * D + 16 * c, acc[g][c]);
 }
 
 #endif  // SERVELAB_X86
@@ -192,23 +235,46 @@ template <typename T>
 using LoadFn = void (*)(const T*, int64_t, int64_t, int64_t, float*);
 
 template <typename T>
+using DecodeFn = void (*)(const float*, const T*, int64_t, const T*, int64_t, int64_t, float*, Rows);
+
+template <typename T>
 struct Kernels {
   LoadFn<T> load;
   FoldFn fold;
+  DecodeFn<T> decode;  // null: decodes go through load + fold too
 };
 
+#ifdef SERVELAB_X86
+template <typename T, int NC>
+DecodeFn<T> decode_for_group(int64_t G) {
+  switch (G) {
+    case 1: return fold_decode_avx512<T, NC, 1>;
+    case 2: return fold_decode_avx512<T, NC, 2>;
+    case 3: return fold_decode_avx512<T, NC, 3>;
+    case 4: return fold_decode_avx512<T, NC, 4>;
+    case 5: return fold_decode_avx512<T, NC, 5>;
+    case 6: return fold_decode_avx512<T, NC, 6>;
+    case 7: return fold_decode_avx512<T, NC, 7>;
+    case 8: return fold_decode_avx512<T, NC, 8>;
+    default: return nullptr;
+  }
+}
+#endif
+
 template <typename T>
-Kernels<T> pick_kernels(int64_t D, bool allow_simd) {
+Kernels<T> pick_kernels(int64_t D, int64_t G, bool allow_simd) {
 #ifdef SERVELAB_X86
   if (allow_simd && has_avx512() && D % 16 == 0 && D <= 256) {
     static constexpr FoldFn folds[] = {fold_avx512<1>,  fold_avx512<2>,  fold_avx512<3>,  fold_avx512<4>,
                                        fold_avx512<5>,  fold_avx512<6>,  fold_avx512<7>,  fold_avx512<8>,
                                        fold_avx512<9>,  fold_avx512<10>, fold_avx512<11>, fold_avx512<12>,
                                        fold_avx512<13>, fold_avx512<14>, fold_avx512<15>, fold_avx512<16>};
-    return {load_block_avx512<T>, folds[D / 16 - 1]};
+    // The common head sizes (64, 128) get the register-resident decode path.
+    DecodeFn<T> decode = D == 64 ? decode_for_group<T, 4>(G) : D == 128 ? decode_for_group<T, 8>(G) : nullptr;
+    return {load_block_avx512<T>, folds[D / 16 - 1], decode};
   }
 #endif
-  return {load_block_scalar<T>, fold_scalar};
+  return {load_block_scalar<T>, fold_scalar, nullptr};
 }
 
 // ---- work items ------------------------------------------------------------------------------
@@ -232,10 +298,11 @@ struct Batch {
 };
 
 Batch plan(const int32_t* seq_lens, const int32_t* qsl, int64_t num_seqs, int64_t kvh, int64_t block_size,
-           int64_t num_threads, int64_t split_tokens) {
+           int64_t num_threads, int64_t split_tokens, const std::vector<bool>& done) {
   Batch b;
   int64_t unsplit = 0;
   for (int64_t s = 0; s < num_seqs; ++s) {
+    if (done[s]) continue;
     const int64_t qlen = qsl[s + 1] - qsl[s];
     unsplit += kvh * ((qlen + kTileTokens - 1) / kTileTokens);
   }
@@ -245,7 +312,7 @@ Batch plan(const int32_t* seq_lens, const int32_t* qsl, int64_t num_seqs, int64_
   for (int64_t s = 0; s < num_seqs; ++s) {
     const int64_t qlen = qsl[s + 1] - qsl[s];
     const int64_t ctx = seq_lens[s];
-    if (qlen <= 0) continue;
+    if (qlen <= 0 || done[s]) continue;
     const int64_t first_pos = ctx - qlen;
     const int64_t nblocks = (ctx + block_size - 1) / block_size;
     if (qlen == 1) {
@@ -293,7 +360,7 @@ struct Scratch {
   std::vector<float> q, m, l, acc, k, v, s;
   std::vector<int64_t> visible;
   Scratch(int64_t rows, int64_t D, int64_t bs)
-      : q(rows * D), m(rows), l(rows), acc(rows * D), k(bs * D), v(bs * D), s(bs + 16), visible(rows) {}
+      : q(rows * D), m(rows), l(rows), acc(rows * D), k(bs * D), v(bs * D), s(rows * (bs + 16)), visible(rows) {}
 };
 
 template <typename T>
@@ -317,8 +384,14 @@ void run_item(const Args<T>& a, const Kernels<T>& kern, const Item& it, Scratch<
     const int64_t start = blk * bs;
     const int64_t n = std::min(bs, ctx - start);
     const int64_t phys = a.tables[it.seq * a.table_stride + blk];
-    kern.load(a.k + phys * a.k_block + it.head * a.k_head, a.k_row, n, D, sc.k.data());
-    kern.load(a.v + phys * a.v_block + it.head * a.v_head, a.v_row, n, D, sc.v.data());
+    const T* kb = a.k + phys * a.k_block + it.head * a.k_head;
+    const T* vb = a.v + phys * a.v_block + it.head * a.v_head;
+    if (it.nq == 1 && kern.decode != nullptr) {  // a decode sees every key of its blocks
+      kern.decode(sc.q.data(), kb, a.k_row, vb, a.v_row, n, sc.s.data(), rows);
+      continue;
+    }
+    kern.load(kb, a.k_row, n, D, sc.k.data());
+    kern.load(vb, a.v_row, n, D, sc.v.data());
     for (int64_t t = 0; t < it.nq; ++t) {
       const int64_t seen = std::clamp<int64_t>(tile_pos + t - start + 1, 0, n);  // causal: keys <= position
       for (int64_t g = 0; g < G; ++g) sc.visible[t * G + g] = seen;
@@ -373,11 +446,11 @@ void for_each_dynamic(int64_t n, int64_t num_threads, const Fn& fn) {
 template <typename T>
 void attention_typed(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& qsl, double scale,
-                     int64_t split_tokens, bool allow_simd, at::Tensor& out) {
+                     int64_t split_tokens, bool allow_simd, const std::vector<bool>& done, at::Tensor& out) {
   const int64_t H = q.size(1), D = q.size(2), kvh = k_cache.size(2), bs = k_cache.size(1);
   const int64_t num_threads = at::get_num_threads();
   Batch b = plan(seq_lens.data_ptr<int32_t>(), qsl.data_ptr<int32_t>(), seq_lens.size(0), kvh, bs, num_threads,
-                 split_tokens);
+                 split_tokens, done);
   std::stable_sort(b.items.begin(), b.items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
   const int64_t G = H / kvh;
   at::Tensor part_acc = at::empty({b.num_parts * G, D}, q.options().dtype(at::kFloat));
@@ -407,7 +480,7 @@ void attention_typed(const at::Tensor& q, const at::Tensor& k_cache, const at::T
             G,
             bs,
             static_cast<float>(scale)};
-  const Kernels<T> kern = pick_kernels<T>(D, allow_simd);
+  const Kernels<T> kern = pick_kernels<T>(D, G, allow_simd);
   const std::vector<Item>& items = b.items;
   // One scratch per thread, made on first use by that thread.
   std::vector<std::unique_ptr<Scratch<T>>> scratch(num_threads);
@@ -418,6 +491,27 @@ void attention_typed(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   });
   for_each_dynamic(static_cast<int64_t>(b.split_groups.size()), num_threads,
                    [&](int64_t g) { merge_splits(a, b.split_groups[g]); });
+}
+
+// A long prefill chunk: torch's CPU flash attention (oneDNN/AMX-backed where the CPU has it) beats
+// any loop here at O(n^2) work, so the op gathers the sequence's blocks (O(n)) and hands it over.
+void prefill_with_sdpa(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& table, int64_t ctx, int64_t q0, int64_t qlen, double scale, at::Tensor& out) {
+  const int64_t bs = k_cache.size(1), kvh = k_cache.size(2), D = k_cache.size(3);
+  const int64_t nblk = (ctx + bs - 1) / bs;
+  const at::Tensor ids = table.narrow(0, 0, nblk).to(at::kLong);
+  auto gather = [&](const at::Tensor& cache) {  // -> [1, KVH, ctx, D]
+    return cache.index_select(0, ids).reshape({nblk * bs, kvh, D}).narrow(0, 0, ctx).permute({1, 0, 2}).unsqueeze(0);
+  };
+  const at::Tensor qs = q.narrow(0, q0, qlen).permute({1, 0, 2}).unsqueeze(0);
+  std::optional<at::Tensor> mask;
+  if (ctx != qlen) {  // a cached prefix: query i (at position ctx - qlen + i) sees keys <= its position
+    const at::Tensor pos = at::arange(ctx, q.options().dtype(at::kLong));
+    mask = pos.unsqueeze(0) <= pos.narrow(0, ctx - qlen, qlen).unsqueeze(1);
+  }
+  const at::Tensor o = at::scaled_dot_product_attention(qs, gather(k_cache), gather(v_cache), mask, 0.0,
+                                                        /*is_causal=*/ctx == qlen, scale, /*enable_gqa=*/true);
+  out.narrow(0, q0, qlen).copy_(o[0].permute({1, 0, 2}));
 }
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -439,22 +533,32 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
 // Writes into out ([T, H, D], poisoned by the tests, so every element must be written).
 void paged_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                          const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                         const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd) {
+                         const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd,
+                         int64_t sdpa_from) {
   check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc);
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.stride(2) == 1,
               "out must be like q");
   if (split_tokens <= 0) split_tokens = kSplitTokens;
+  const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  std::vector<bool> done(seq_lens.size(0), false);
+  for (int64_t s = 0; s < seq_lens.size(0) && sdpa_from > 0; ++s) {
+    const int64_t qlen = qsl[s + 1] - qsl[s];
+    if (qlen < sdpa_from) continue;
+    prefill_with_sdpa(q, k_cache, v_cache, block_tables[s], lens[s], qsl[s], qlen, scale, out);
+    done[s] = true;
+  }
   switch (q.scalar_type()) {  // fp32 accumulation for every input dtype (so no double)
     case at::kFloat:
-      attention_typed<float>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, out);
+      attention_typed<float>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, done, out);
       break;
     case at::kBFloat16:
       attention_typed<c10::BFloat16>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens,
-                                     simd, out);
+                                     simd, done, out);
       break;
     case at::kHalf:
       attention_typed<c10::Half>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens,
-                                 simd, out);
+                                 simd, done, out);
       break;
     default:
       TORCH_CHECK(false, "paged_attention: float32, bfloat16 or float16, got ", q.scalar_type());
@@ -463,9 +567,11 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor&
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                           const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd) {
+                           const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd,
+                           int64_t sdpa_from) {
   at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  paged_attention_out(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd);
+  paged_attention_out(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd,
+                      sdpa_from);
   return out;
 }
 
@@ -509,10 +615,10 @@ bool has_simd() { return has_avx512(); }
 TORCH_LIBRARY(servelab, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-      "Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True) -> Tensor");
+      "Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64) -> Tensor");
   m.def(
       "paged_attention_out(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-      "Tensor seq_lens, Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True) -> ()");
+      "Tensor seq_lens, Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64) -> ()");
   m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   m.def("has_simd", &has_simd);
 }
