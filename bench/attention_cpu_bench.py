@@ -16,6 +16,8 @@ import sys
 import time
 from collections.abc import Callable
 
+import torch
+
 from bench.workload import make_workload
 from engine import LLM, SamplingParams
 from engine.llm_engine import LLMEngine
@@ -55,14 +57,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=3, help="decode steps timed per round and variant")
     parser.add_argument("--compile", action="store_true", help="add the compiled forward")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 on a shared machine)")
     args = parser.parse_args(argv)
+    if args.threads:
+        # On a shared machine one thread per engine avoids OpenMP barriers stalling on busy cores.
+        torch.set_num_threads(args.threads)
 
     engines: dict[str, LLMEngine] = {}
-    base = LLM(dtype="bfloat16", max_num_seqs=64, max_batched_tokens=2048, compile=False).engine
+    base = LLM(dtype="bfloat16", max_num_seqs=64, max_batched_tokens=2048, prefix_caching=False, compile=False).engine
     engines["torch"], engines["cpu"] = base, base
     if args.compile:
         start = time.perf_counter()
-        engines["cpu+compile"] = LLM(dtype="bfloat16", max_num_seqs=64, max_batched_tokens=2048, compile=True).engine
+        engines["cpu+compile"] = LLM(dtype="bfloat16", max_num_seqs=64, max_batched_tokens=2048, prefix_caching=False, compile=True).engine
         print(f"compiled engine ready in {time.perf_counter() - start:.1f} s")
 
     def use(name: str) -> LLMEngine:
