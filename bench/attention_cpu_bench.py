@@ -68,7 +68,9 @@ def main(argv: list[str]) -> int:
     engines["torch"], engines["cpu"] = base, base
     if args.compile:
         start = time.perf_counter()
-        engines["cpu+compile"] = LLM(dtype="bfloat16", max_num_seqs=64, max_batched_tokens=2048, prefix_caching=False, compile=True).engine
+        engines["cpu+compile"] = LLM(
+            dtype="bfloat16", max_num_seqs=64, max_batched_tokens=2048, prefix_caching=False, compile=True
+        ).engine
         print(f"compiled engine ready in {time.perf_counter() - start:.1f} s")
 
     def use(name: str) -> LLMEngine:

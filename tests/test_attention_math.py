@@ -80,9 +80,7 @@ def test_prefill_over_cached_prefix_matches_dense(
 
 
 def test_impl_picked_by_device() -> None:
-    from engine.kernels import pick_impl
-
-    from engine.kernels import cpu_attention
+    from engine.kernels import cpu_attention, pick_impl
 
     # On CPU: the C++ op where it is built (make kernels), else the torch reference.
     assert pick_impl(None, torch.zeros(1)) == ("cpu" if cpu_attention.available() else "torch")
