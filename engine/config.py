@@ -34,6 +34,8 @@ class EngineConfig:
     # Ranks (processes) one replica's model is split across (engine/distributed.py); at most the
     # model's KV heads. memory_cap_mb applies to each rank.
     tensor_parallel: int = 1
+    # The forward through torch.compile (engine/model/compile.py): CPU, the C++ op, one rank.
+    compile: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:

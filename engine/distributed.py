@@ -79,6 +79,7 @@ def step_to_wire(input_ids: torch.Tensor, positions: torch.Tensor, attn: Attenti
         "decode_block_tables": a(attn.decode_block_tables),
         "decode_context_lens": a(attn.decode_context_lens),
         "prefills": [(c.start, c.length, c.num_cached, a(c.block_table)) for c in attn.prefills],
+        "varlen": None if attn.seq_lens is None else [a(attn.block_tables), a(attn.seq_lens), a(attn.query_start_loc)],
     }
 
 
@@ -93,6 +94,8 @@ def step_from_wire(msg: dict[str, Any], device: str) -> tuple[torch.Tensor, torc
         decode_context_lens=t(msg["decode_context_lens"]),
         prefills=[PrefillChunk(s, n, c, t(table)) for s, n, c, table in msg["prefills"]],
     )
+    if msg.get("varlen") is not None:  # the C++ CPU op's metadata (engine/kernels/cpu_attention.py)
+        attn.block_tables, attn.seq_lens, attn.query_start_loc = (t(a) for a in msg["varlen"])
     return t(msg["input_ids"]), t(msg["positions"]), attn
 
 

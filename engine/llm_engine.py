@@ -22,6 +22,7 @@ from engine.detokenizer import detokenize_step
 from engine.distributed import ShardGroup, tp_stats
 from engine.errors import InvalidParamError
 from engine.memory import plan_kv_blocks
+from engine.model.compile import compile_model
 from engine.model.loader import load_model
 from engine.model.paths import default_gguf_path
 from engine.model.sharding import shard_model
@@ -102,6 +103,8 @@ class LLMEngine:
         if self.shard_group is not None:
             self.shard_group.start(self.model, self.memory.weight_bytes, num_blocks)
             self.runner.on_step = self.shard_group.send_step
+        if config.compile:
+            compile_model(self.model, self.runner.kv_caches)
         self.requests: dict[str, Sequence] = {}
         self._to_abort: set[str] = set()
         self.num_steps = 0

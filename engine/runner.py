@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from engine.logits_processors import process_logits
@@ -92,33 +93,37 @@ class ModelRunner:
     def _prepare(
         self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int]]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
+        """The step's tensors, built with numpy over the batch rather than per token in Python."""
         bs = self.block_size
-        token_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        for seq, _ in decodes:
-            pos = seq.num_computed_tokens
-            token_ids.append(seq.token_at(pos))
-            positions.append(pos)
-            slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-        max_blocks = max((len(s.block_table) for s, _ in decodes), default=0)
-        tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s, _ in decodes]
+        seqs = decodes + prefills
+        counts = np.fromiter((n for _, n in seqs), np.int64, len(seqs))
+        starts = np.fromiter((s.num_computed_tokens for s, _ in seqs), np.int64, len(seqs))
+        query_start = np.zeros(len(seqs) + 1, np.int64)
+        np.cumsum(counts, out=query_start[1:])
+        tables = np.zeros((len(seqs), max((len(s.block_table) for s, _ in seqs), default=0)), np.int32)
+        for row, (seq, _) in zip(tables, seqs):
+            row[: len(seq.block_table)] = seq.block_table
+        owner = np.repeat(np.arange(len(seqs)), counts)  # each token's sequence
+        positions = np.arange(query_start[-1]) - query_start[owner] + starts[owner]
+        slots = tables[owner, positions // bs].astype(np.int64) * bs + positions % bs
+        token_ids = [seq.token_at(seq.num_computed_tokens) for seq, _ in decodes]
         chunks = []
         for seq, n in prefills:
             start = seq.num_computed_tokens
             chunks.append(PrefillChunk(len(token_ids), n, start, torch.tensor(seq.block_table, device=self.device)))
             token_ids.extend(seq.token_ids[start : start + n])
-            for pos in range(start, start + n):
-                slots.append(seq.block_table[pos // bs] * bs + pos % bs)
-            positions.extend(range(start, start + n))
         dev = self.device
+        nd = len(decodes)
+        seq_lens = torch.from_numpy((starts + counts).astype(np.int32)).to(dev)
+        block_tables = torch.from_numpy(tables).to(dev)
         attn = AttentionBatch(
-            slot_mapping=torch.tensor(slots, device=dev),
-            num_decodes=len(decodes),
-            decode_block_tables=torch.tensor(tables, dtype=torch.int32, device=dev).view(len(decodes), max_blocks),
-            decode_context_lens=torch.tensor(
-                [s.num_computed_tokens + 1 for s, _ in decodes], dtype=torch.int32, device=dev
-            ),
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            num_decodes=nd,
+            decode_block_tables=block_tables[:nd],
+            decode_context_lens=seq_lens[:nd],
             prefills=chunks,
+            block_tables=block_tables,
+            seq_lens=seq_lens,
+            query_start_loc=torch.from_numpy(query_start.astype(np.int32)).to(dev),
         )
-        return torch.tensor(token_ids, device=dev), torch.tensor(positions, device=dev), attn
+        return torch.tensor(token_ids, device=dev), torch.from_numpy(positions).to(dev), attn

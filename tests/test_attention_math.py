@@ -80,9 +80,11 @@ def test_prefill_over_cached_prefix_matches_dense(
 
 
 def test_impl_picked_by_device() -> None:
-    from engine.kernels import pick_impl
+    from engine.kernels import cpu_attention, pick_impl
 
-    assert pick_impl(None, torch.zeros(1)) == "torch"
+    # On CPU: the C++ op where it is built (make kernels), else the torch reference.
+    assert pick_impl(None, torch.zeros(1)) == ("cpu" if cpu_attention.available() else "torch")
+    assert pick_impl("torch", torch.zeros(1)) == "torch"
     assert pick_impl("triton", torch.zeros(1)) == "triton"
     if torch.cuda.is_available():
         assert pick_impl(None, torch.zeros(1, device="cuda")) == "triton"

@@ -1,5 +1,6 @@
-"""Attention over the paged KV cache: the torch implementation (the CPU path and the reference)
-and the dispatcher that picks it or the Triton kernels (engine/kernels/triton_attention.py).
+"""Attention over the paged KV cache: the torch implementation (the reference, and the CPU path
+when the C++ op is not built) and the dispatcher that picks it, the C++ CPU op
+(engine/kernels/cpu_attention.py) or the Triton kernels (engine/kernels/triton_attention.py).
 
 Cache shape: k_cache, v_cache are [num_blocks, block_size, num_kv_heads, head_dim], of any
 strides; a sequence's token at position p lives in block block_table[p // block_size], row
@@ -17,18 +18,28 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-Impl = Literal["torch", "triton"]
+Impl = Literal["torch", "triton", "cpu"]
 
 # Decode rows per gather: smaller groups pad less but issue more (small) matmuls.
 DECODE_GROUP = 16
 
 
 def pick_impl(impl: Impl | None, tensor: torch.Tensor) -> Impl:
-    """None picks by device: Triton on CUDA, torch elsewhere (CPU never imports triton)."""
+    """None picks by device: Triton on CUDA; on CPU the C++ op where it is built, else torch (CPU
+    never imports triton)."""
     if impl is None:
-        return "triton" if tensor.is_cuda else "torch"
-    if impl not in ("torch", "triton"):
-        raise ValueError(f"impl must be 'torch', 'triton' or None, got {impl!r}")
+        if tensor.is_cuda:
+            return "triton"
+        from engine.kernels import cpu_attention
+
+        return "cpu" if tensor.device.type == "cpu" and cpu_attention.available() else "torch"
+    if impl not in ("torch", "triton", "cpu"):
+        raise ValueError(f"impl must be 'torch', 'triton', 'cpu' or None, got {impl!r}")
+    if impl == "cpu":
+        from engine.kernels import cpu_attention
+
+        if not cpu_attention.available():  # loads the library the first time
+            raise RuntimeError("impl='cpu': the C++ op is not built (`make kernels`) or SERVELAB_CPU_KERNELS=0")
     return impl
 
 
@@ -41,7 +52,13 @@ def store_kv(
     impl: Impl | None = None,
 ) -> None:
     """Write new tokens' K/V ([T, KVH, D]) into their slots (block_id * block_size + row)."""
-    if pick_impl(impl, k) == "triton":
+    impl = pick_impl(impl, k)
+    if impl == "cpu":
+        from engine.kernels import cpu_attention
+
+        cpu_attention.store_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
+    if impl == "triton":
         from engine.kernels import triton_attention
 
         triton_attention.store_kv(k, v, k_cache, v_cache, slot_mapping)
@@ -68,7 +85,12 @@ def paged_attention_decode(
     (on CPU this ran several times faster than SDPA or one matmul over all heads). The gather is
     the cost, so rows go in groups of DECODE_GROUP, each padded only to its own longest
     sequence: with rows sorted by length (the runner sorts them) little padding is gathered."""
-    if pick_impl(impl, q) == "triton":
+    impl = pick_impl(impl, q)
+    if impl == "cpu":
+        from engine.kernels import cpu_attention
+
+        return cpu_attention.decode(q, k_cache, v_cache, block_tables, context_lens, scale)
+    if impl == "triton":
         from engine.kernels import triton_attention
 
         return triton_attention.paged_attention_decode(q, k_cache, v_cache, block_tables, context_lens, scale)
@@ -109,7 +131,12 @@ def prefill_attention(
 ) -> torch.Tensor:
     """One sequence's new chunk (q [n, H, D], k/v [n, KVH, D], already stored) attending to
     its cached prefix of num_cached tokens and causally to itself. Returns [n, H, D]."""
-    if pick_impl(impl, q) == "triton":
+    impl = pick_impl(impl, q)
+    if impl == "cpu":
+        from engine.kernels import cpu_attention
+
+        return cpu_attention.prefill(q, k_cache, v_cache, block_table, num_cached, scale)
+    if impl == "triton":
         from engine.kernels import triton_attention
 
         return triton_attention.prefill_attention(q, k_cache, v_cache, block_table, num_cached, scale)

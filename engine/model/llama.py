@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels import Impl, paged_attention_decode, prefill_attention, store_kv
+from engine.kernels import Impl, cpu_attention, paged_attention_decode, pick_impl, prefill_attention, store_kv
 
 
 @dataclass
@@ -56,6 +56,10 @@ class AttentionBatch:
     decode_block_tables: torch.Tensor  # [num_decodes, max_blocks]
     decode_context_lens: torch.Tensor  # [num_decodes]
     prefills: list[PrefillChunk]
+    # Every sequence in token order, for the C++ CPU op's one call (all int32; None: not built).
+    block_tables: torch.Tensor | None = None  # [S, max_blocks]
+    seq_lens: torch.Tensor | None = None  # [S]: tokens in the cache once this step's are written
+    query_start_loc: torch.Tensor | None = None  # [S + 1]: sequence b's tokens are [qsl[b], qsl[b+1])
 
 
 class DecoderLayer(nn.Module):
@@ -72,9 +76,21 @@ class DecoderLayer(nn.Module):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
-    if packed is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    return F.linear(x, weight)
+    if packed is None:
+        return F.linear(x, weight)
+    if torch.compiler.is_compiling():  # Inductor lowers oneDNN's op only for frozen weights: keep it opaque
+        return packed_linear(x, packed, weight.shape[0])
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+@torch.library.custom_op("servelab::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], out_features)
 
 
 class Llama(nn.Module):
@@ -92,6 +108,8 @@ class Llama(nn.Module):
         self.attention_impl: Impl | None = None
         # Tensor parallelism (engine/distributed.py): sums the row-parallel o/down outputs over ranks.
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+        # forward_varlen through Inductor (engine/model/compile.py), when the engine compiles.
+        self.compiled_forward: Callable[..., torch.Tensor] | None = None
 
     def prepack(self) -> bool:
         """bf16 on CPU: keep each matmul weight also in oneDNN's blocked layout, which ran decode
@@ -124,6 +142,47 @@ class Llama(nn.Module):
         attn: AttentionBatch,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
+        impl = pick_impl(self.attention_impl, self.embed)
+        if impl == "cpu" and attn.seq_lens is not None:  # the C++ op: tensors only, so it compiles
+            run = self.compiled_forward or self.forward_varlen
+            meta = (attn.slot_mapping, attn.block_tables, attn.seq_lens, attn.query_start_loc)
+            return run(input_ids, positions, *meta, kv_caches)
+
+        def attend(
+            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor
+        ) -> torch.Tensor:
+            return self._attend_pieces(q, k, v, kc, vc, attn, impl)
+
+        return self._layers(input_ids, positions, kv_caches, attend)
+
+    def forward_varlen(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """The forward over the C++ CPU op: every sequence's attention in one call per layer."""
+        scale = self.cfg.head_dim**-0.5
+
+        def attend(
+            q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor
+        ) -> torch.Tensor:
+            cpu_attention.store_kv(k, v, kc, vc, slot_mapping)
+            return cpu_attention.paged_attention(q, kc, vc, block_tables, seq_lens, query_start_loc, scale)
+
+        return self._layers(input_ids, positions, kv_caches, attend)
+
+    def _layers(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        attend: Callable[..., torch.Tensor],
+    ) -> torch.Tensor:
         cfg = self.cfg
         eps = cfg.rms_norm_eps
         h = F.embedding(input_ids, self.embed)
@@ -133,7 +192,7 @@ class Llama(nn.Module):
             p = layer.packed
             x = F.rms_norm(h, (cfg.hidden_size,), layer.input_norm, eps)
             qkv = linear(x, layer.qkv, p.get("qkv"))
-            h = h + self._reduce(linear(self._attention(qkv, cos, sin, attn, k_cache, v_cache), layer.o, p.get("o")))
+            h = h + self._reduce(linear(self._attention(qkv, cos, sin, attend, k_cache, v_cache), layer.o, p.get("o")))
             x = F.rms_norm(h, (cfg.hidden_size,), layer.post_norm, eps)
             gate, up = linear(x, layer.gate_up, p.get("gate_up")).chunk(2, dim=-1)
             h = h + self._reduce(linear(F.silu(gate) * up, layer.down, p.get("down")))
@@ -151,7 +210,7 @@ class Llama(nn.Module):
         qkv: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        attn: AttentionBatch,
+        attend: Callable[..., torch.Tensor],
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
     ) -> torch.Tensor:
@@ -161,9 +220,21 @@ class Llama(nn.Module):
         q = _rope(qkv[:, :q_size].view(num_tokens, cfg.num_heads, d), cos, sin)
         k = _rope(qkv[:, q_size : q_size + kv_size].view(num_tokens, cfg.num_kv_heads, d), cos, sin)
         v = qkv[:, q_size + kv_size :].view(num_tokens, cfg.num_kv_heads, d)
-        impl = self.attention_impl
+        return attend(q, k, v, k_cache, v_cache).reshape(num_tokens, q_size)
+
+    def _attend_pieces(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        attn: AttentionBatch,
+        impl: Impl,
+    ) -> torch.Tensor:
+        """torch and Triton: the decodes in one call, then each prefill chunk on its own."""
         store_kv(k, v, k_cache, v_cache, attn.slot_mapping, impl)
-        scale = d**-0.5
+        scale = self.cfg.head_dim**-0.5
         outs = []
         nd = attn.num_decodes
         if nd:
@@ -176,8 +247,7 @@ class Llama(nn.Module):
                     q[span], k[span], v[span], k_cache, v_cache, chunk.block_table, chunk.num_cached, scale, impl
                 )
             )
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        return out.reshape(num_tokens, q_size)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,106 @@
+"""The C++ CPU path of engine/kernels/attention.py: one op for decode and chunked prefill that
+reads K/V blocks in place through the block table (engine/kernels/csrc/paged_attention_cpu.cpp),
+and the cache write. Registered as torch.ops.servelab.* with fake implementations, so
+torch.compile keeps them as opaque ops.
+
+The library is built by `make kernels` (engine/kernels/cpu_build.py), never here: when it is not
+there, or SERVELAB_CPU_KERNELS=0, available() is False and the dispatcher runs the torch path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+# Query chunks of at least this many tokens go to torch's CPU flash attention inside the op (over
+# the sequence's gathered blocks): at O(n^2) work its oneDNN kernels beat the op's own loops.
+SDPA_FROM = 64
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the op is loaded (loading it the first time it is asked)."""
+    if os.environ.get("SERVELAB_CPU_KERNELS", "1") == "0":
+        return False
+    from engine.kernels import cpu_build  # here: `python -m engine.kernels.cpu_build` imports this package
+
+    path = cpu_build.library_path()
+    if not path.exists():
+        return False
+    torch.ops.load_library(str(path))
+    _register_fakes()
+    return True
+
+
+def _register_fakes() -> None:
+    @torch.library.register_fake("servelab::paged_attention")
+    def _(q: torch.Tensor, *_: object) -> torch.Tensor:
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("servelab::paged_attention_out")
+    @torch.library.register_fake("servelab::store_kv")
+    def _(*_: object) -> None:
+        return None
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    split_tokens: int = 0,
+    simd: bool = True,
+    sdpa_from: int = SDPA_FROM,
+) -> torch.Tensor:
+    """Varlen attention over the paged cache. q [T, H, D] holds each sequence's last query tokens,
+    sequence b's at rows query_start_loc[b]:query_start_loc[b+1]; seq_lens[b] counts its tokens
+    including those; block_tables [B, max_blocks]; metadata int32. Returns [T, H, D].
+    split_tokens: the fewest keys per split-KV part (0: the op's default); simd=False forces the
+    scalar routines (tests); sdpa_from: see SDPA_FROM (0: never)."""
+    return torch.ops.servelab.paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, sdpa_from
+    )
+
+
+def paged_attention_out(out: torch.Tensor, *args: object) -> None:
+    """paged_attention writing into out (like q): the tests poison it first."""
+    torch.ops.servelab.paged_attention_out(out, *args)
+
+
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    torch.ops.servelab.store_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """paged_attention_decode's signature: one query token per sequence."""
+    starts = torch.arange(q.shape[0] + 1, dtype=torch.int32)
+    return paged_attention(q, k_cache, v_cache, block_tables.int(), context_lens.int(), starts, scale)
+
+
+def prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    num_cached: int,
+    scale: float,
+) -> torch.Tensor:
+    """prefill_attention's signature: one sequence's chunk after num_cached cached tokens."""
+    n = q.shape[0]
+    starts = torch.tensor([0, n], dtype=torch.int32)
+    lens = torch.tensor([num_cached + n], dtype=torch.int32)
+    return paged_attention(q, k_cache, v_cache, block_table.int()[None], lens, starts, scale)

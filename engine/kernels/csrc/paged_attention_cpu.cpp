@@ -1,0 +1,630 @@
+// Paged attention on CPU: one op for decode and chunked prefill that walks the block table and
+// reads K/V blocks in place (no gather), and the op that writes new K/V into the cache.
+//
+// The batch is varlen: sequence b has query tokens [query_start_loc[b], query_start_loc[b+1]) of q,
+// which are its last tokens, so its i-th query token sits at position seq_lens[b] - q_len + i and
+// sees keys 0..position (decode is q_len = 1). A work item is (sequence, KV head, a tile of query
+// tokens, a range of key blocks): its rows are every (token, query head of that KV head's GQA
+// group) pair, so each K/V block is read once per group. Scores, softmax and the weighted sum are
+// fp32 with an online softmax. Long decodes with few work items are split over key ranges and
+// merged (split-KV). Items are pulled from an atomic counter by torch's own threads, largest first.
+//
+// The AVX-512 routines are compiled for that target only (a function attribute) and chosen at run
+// time; the scalar ones are the fallback on any other x86-64 CPU.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define SERVELAB_X86 1
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kTileTokens = 16;   // prefill query tokens per work item
+constexpr int64_t kSplitTokens = 256;  // a decode split covers at least this many keys
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+
+// The online-softmax state of R query rows: running max m, running sum l, unnormalised acc [R][D].
+struct Rows {
+  float* m;
+  float* l;
+  float* acc;
+};
+
+// Folds keys [0, n) of one block into each row's state; row r sees keys [0, visible[r]).
+using FoldFn = void (*)(const float* q, int64_t R, int64_t D, const float* k, const float* v, const int64_t* visible,
+                        float* scores, Rows rows);
+
+// ---- scalar fallback -------------------------------------------------------------------------
+
+template <typename T>
+void load_block_scalar(const T* src, int64_t row_stride, int64_t n, int64_t D, float* dst) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < D; ++d) dst[j * D + d] = to_float(src[j * row_stride + d]);
+}
+
+void fold_scalar(const float* q, int64_t R, int64_t D, const float* k, const float* v, const int64_t* visible,
+                 float* s, Rows rows) {
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t nv = visible[r];
+    if (nv <= 0) continue;
+    const float* qr = q + r * D;
+    float mx = kNegInf;
+    for (int64_t j = 0; j < nv; ++j) {
+      float dot = 0.f;
+      for (int64_t d = 0; d < D; ++d) dot += qr[d] * k[j * D + d];
+      s[j] = dot;
+      mx = std::max(mx, dot);
+    }
+    const float m_new = std::max(rows.m[r], mx);
+    const float alpha = std::exp(rows.m[r] - m_new);  // 0 on the first block (m = -inf)
+    float* acc = rows.acc + r * D;
+    for (int64_t d = 0; d < D; ++d) acc[d] *= alpha;
+    float sum = 0.f;
+    for (int64_t j = 0; j < nv; ++j) {
+      const float p = std::exp(s[j] - m_new);
+      sum += p;
+      for (int64_t d = 0; d < D; ++d) acc[d] += p * v[j * D + d];
+    }
+    rows.l[r] = rows.l[r] * alpha + sum;
+    rows.m[r] = m_new;
+  }
+}
+
+// ---- AVX-512 ---------------------------------------------------------------------------------
+
+#ifdef SERVELAB_X86
+
+AVX512 inline __m512 exp512(__m512 x) {
+  // exp(x) = 2^n * exp(r), |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (rel. error < 1e-7).
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.f / 5040);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+AVX512 inline __mmask16 first_lanes(int64_t count) {
+  return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
+}
+
+AVX512 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+AVX512 inline __m512 load16(const c10::BFloat16* p) {
+  // bf16 is the top half of an fp32: widen and shift.
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+AVX512 inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <typename T>
+AVX512 void load_block_avx512(const T* src, int64_t row_stride, int64_t n, int64_t D, float* dst) {
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < D; d += 16) _mm512_storeu_ps(dst + j * D + d, load16(src + j * row_stride + d));
+}
+
+// Turns one row's scores s[0, n) into exp(s - m_new) in place and updates its running max and
+// sum; returns alpha = exp(m_old - m_new), the factor its accumulator must be rescaled by.
+AVX512 inline float softmax_step(float* s, int64_t n, float* m, float* l) {
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 mask = first_lanes(n - j);
+    vmax = _mm512_mask_max_ps(vmax, mask, vmax, _mm512_maskz_loadu_ps(mask, s + j));
+  }
+  const float m_new = std::max(*m, _mm512_reduce_max_ps(vmax));
+  const float alpha = std::exp(*m - m_new);  // 0 on the first block (m = -inf)
+  const __m512 m_vec = _mm512_set1_ps(m_new);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 mask = first_lanes(n - j);
+    const __m512 p = _mm512_maskz_mov_ps(mask, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, s + j), m_vec)));
+    vsum = _mm512_add_ps(vsum, p);
+    _mm512_mask_storeu_ps(s + j, mask, p);
+  }
+  *l = *l * alpha + _mm512_reduce_add_ps(vsum);
+  *m = m_new;
+  return alpha;
+}
+
+template <int NC>  // head_dim = 16 * NC
+AVX512 void fold_avx512(const float* q, int64_t R, int64_t /*D*/, const float* k, const float* v,
+                        const int64_t* visible, float* s, Rows rows) {
+  constexpr int64_t D = 16 * NC;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t nv = visible[r];
+    if (nv <= 0) continue;
+    __m512 qr[NC];
+    for (int c = 0; c < NC; ++c) qr[c] = _mm512_loadu_ps(q + r * D + 16 * c);
+    for (int64_t j = 0; j < nv; ++j) {
+      const float* kj = k + j * D;
+      __m512 dot = _mm512_mul_ps(qr[0], _mm512_loadu_ps(kj));
+      for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(qr[c], _mm512_loadu_ps(kj + 16 * c), dot);
+      s[j] = _mm512_reduce_add_ps(dot);
+    }
+    const __m512 a = _mm512_set1_ps(softmax_step(s, nv, rows.m + r, rows.l + r));
+    float* acc_r = rows.acc + r * D;
+    __m512 acc[NC];
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_mul_ps(_mm512_loadu_ps(acc_r + 16 * c), a);
+    for (int64_t j = 0; j < nv; ++j) {
+      const __m512 p = _mm512_set1_ps(s[j]);
+      const float* vj = v + j * D;
+      for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vj + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc_r + 16 * c, acc[c]);
+  }
+}
+
+// Decode (one query token, its G heads as the rows): reads the block's K/V straight from the
+// cache, each key and value row loaded and widened once for the whole group, the group's
+// queries and accumulators in registers. s holds G rows of n scores.
+template <typename T, int NC, int G>
+AVX512 void fold_decode_avx512(const float* q, const T* k, int64_t k_row, const T* v, int64_t v_row, int64_t n,
+                               float* s, Rows rows) {
+  constexpr int64_t D = 16 * NC;
+  __m512 qr[G][NC];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NC; ++c) qr[g][c] = _mm512_loadu_ps(q + g * D + 16 * c);
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 kj[NC];
+    for (int c = 0; c < NC; ++c) kj[c] = load16(k + j * k_row + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      __m512 dot = _mm512_mul_ps(qr[g][0], kj[0]);
+      for (int c = 1; c < NC; ++c) dot = _mm512_fmadd_ps(qr[g][c], kj[c], dot);
+      s[g * n + j] = _mm512_reduce_add_ps(dot);
+    }
+  }
+  __m512 acc[G][NC];
+  for (int g = 0; g < G; ++g) {
+    const __m512 a = _mm512_set1_ps(softmax_step(s + g * n, n, rows.m + g, rows.l + g));
+    for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_mul_ps(_mm512_loadu_ps(rows.acc + g * D + 16 * c), a);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 vj[NC];
+    for (int c = 0; c < NC; ++c) vj[c] = load16(v + j * v_row + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(s[g * n + j]);
+      for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(p, vj[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(rows.acc + g * D + 16 * c, acc[g][c]);
+}
+
+#endif  // SERVELAB_X86
+
+bool has_avx512() {
+#ifdef SERVELAB_X86
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+using LoadFn = void (*)(const T*, int64_t, int64_t, int64_t, float*);
+
+template <typename T>
+using DecodeFn = void (*)(const float*, const T*, int64_t, const T*, int64_t, int64_t, float*, Rows);
+
+template <typename T>
+struct Kernels {
+  LoadFn<T> load;
+  FoldFn fold;
+  DecodeFn<T> decode;  // null: decodes go through load + fold too
+};
+
+#ifdef SERVELAB_X86
+template <typename T, int NC>
+DecodeFn<T> decode_for_group(int64_t G) {
+  switch (G) {
+    case 1: return fold_decode_avx512<T, NC, 1>;
+    case 2: return fold_decode_avx512<T, NC, 2>;
+    case 3: return fold_decode_avx512<T, NC, 3>;
+    case 4: return fold_decode_avx512<T, NC, 4>;
+    case 5: return fold_decode_avx512<T, NC, 5>;
+    case 6: return fold_decode_avx512<T, NC, 6>;
+    case 7: return fold_decode_avx512<T, NC, 7>;
+    case 8: return fold_decode_avx512<T, NC, 8>;
+    default: return nullptr;
+  }
+}
+#endif
+
+template <typename T>
+Kernels<T> pick_kernels(int64_t D, int64_t G, bool allow_simd) {
+#ifdef SERVELAB_X86
+  if (allow_simd && has_avx512() && D % 16 == 0 && D <= 256) {
+    static constexpr FoldFn folds[] = {fold_avx512<1>,  fold_avx512<2>,  fold_avx512<3>,  fold_avx512<4>,
+                                       fold_avx512<5>,  fold_avx512<6>,  fold_avx512<7>,  fold_avx512<8>,
+                                       fold_avx512<9>,  fold_avx512<10>, fold_avx512<11>, fold_avx512<12>,
+                                       fold_avx512<13>, fold_avx512<14>, fold_avx512<15>, fold_avx512<16>};
+    // The common head sizes (64, 128) get the register-resident decode path.
+    DecodeFn<T> decode = D == 64 ? decode_for_group<T, 4>(G) : D == 128 ? decode_for_group<T, 8>(G) : nullptr;
+    return {load_block_avx512<T>, folds[D / 16 - 1], decode};
+  }
+#endif
+  return {load_block_scalar<T>, fold_scalar, nullptr};
+}
+
+// ---- work items ------------------------------------------------------------------------------
+
+struct Item {
+  int64_t seq, head;
+  int64_t q0, nq;      // query tokens [q0, q0 + nq) of q
+  int64_t kb0, kb1;    // key blocks [kb0, kb1) of the sequence
+  int64_t part;        // -1: write the output; else the slot of this split's partial result
+  int64_t cost;
+};
+
+struct SplitGroup {  // one decode (query token q0, KV head) cut into parts [first_part, first_part + count)
+  int64_t q0, head, first_part, count;
+};
+
+struct Batch {
+  std::vector<Item> items;
+  std::vector<SplitGroup> split_groups;
+  int64_t num_parts = 0;
+};
+
+Batch plan(const int32_t* seq_lens, const int32_t* qsl, int64_t num_seqs, int64_t kvh, int64_t block_size,
+           int64_t num_threads, int64_t split_tokens, const std::vector<bool>& done) {
+  Batch b;
+  int64_t unsplit = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    if (done[s]) continue;
+    const int64_t qlen = qsl[s + 1] - qsl[s];
+    unsplit += kvh * ((qlen + kTileTokens - 1) / kTileTokens);
+  }
+  // Few items (a small batch): cut long decodes into key ranges so that every thread has work.
+  const int64_t want = 4 * num_threads;
+  const int64_t max_splits = unsplit >= want ? 1 : (want + unsplit - 1) / std::max<int64_t>(unsplit, 1);
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t qlen = qsl[s + 1] - qsl[s];
+    const int64_t ctx = seq_lens[s];
+    if (qlen <= 0 || done[s]) continue;
+    const int64_t first_pos = ctx - qlen;
+    const int64_t nblocks = (ctx + block_size - 1) / block_size;
+    if (qlen == 1) {
+      const int64_t splits = std::max<int64_t>(1, std::min(max_splits, ctx / std::max<int64_t>(split_tokens, 1)));
+      for (int64_t h = 0; h < kvh; ++h) {
+        if (splits > 1) b.split_groups.push_back({qsl[s], h, b.num_parts, splits});
+        for (int64_t p = 0; p < splits; ++p) {
+          const int64_t kb0 = nblocks * p / splits, kb1 = nblocks * (p + 1) / splits;
+          b.items.push_back({s, h, qsl[s], 1, kb0, kb1, splits > 1 ? b.num_parts++ : -1, kb1 - kb0});
+        }
+      }
+      continue;
+    }
+    for (int64_t t0 = 0; t0 < qlen; t0 += kTileTokens) {
+      const int64_t nq = std::min(kTileTokens, qlen - t0);
+      const int64_t kb1 = (first_pos + t0 + nq - 1) / block_size + 1;  // the tile's last query sees up to here
+      for (int64_t h = 0; h < kvh; ++h) b.items.push_back({s, h, qsl[s] + t0, nq, 0, kb1, -1, kb1 * nq});
+    }
+  }
+  return b;
+}
+
+template <typename T>
+struct Args {
+  const T* q;
+  int64_t q_tok, q_head;
+  const T* k;
+  const T* v;
+  int64_t k_block, k_row, k_head, v_block, v_row, v_head;
+  const int32_t* tables;
+  int64_t table_stride;
+  const int32_t* seq_lens;
+  const int32_t* qsl;
+  T* out;
+  int64_t out_tok, out_head;
+  float* part_acc;  // [num_parts * G, D]
+  float* part_m;    // [num_parts * G]
+  float* part_l;
+  int64_t D, G, block_size;
+  float scale;
+};
+
+template <typename T>
+struct Scratch {
+  std::vector<float> q, m, l, acc, k, v, s;
+  std::vector<int64_t> visible;
+  Scratch(int64_t rows, int64_t D, int64_t bs)
+      : q(rows * D), m(rows), l(rows), acc(rows * D), k(bs * D), v(bs * D), s(rows * (bs + 16)), visible(rows) {}
+};
+
+template <typename T>
+void run_item(const Args<T>& a, const Kernels<T>& kern, const Item& it, Scratch<T>& sc) {
+  const int64_t D = a.D, G = a.G, bs = a.block_size;
+  const int64_t R = it.nq * G;
+  for (int64_t t = 0; t < it.nq; ++t)
+    for (int64_t g = 0; g < G; ++g) {
+      const T* src = a.q + (it.q0 + t) * a.q_tok + (it.head * G + g) * a.q_head;
+      float* dst = sc.q.data() + (t * G + g) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = to_float(src[d]) * a.scale;
+    }
+  std::fill_n(sc.m.data(), R, kNegInf);
+  std::fill_n(sc.l.data(), R, 0.f);
+  std::fill_n(sc.acc.data(), R * D, 0.f);
+  const int64_t ctx = a.seq_lens[it.seq];
+  const int64_t first_pos = ctx - (a.qsl[it.seq + 1] - a.qsl[it.seq]);  // position of the sequence's first query
+  const int64_t tile_pos = first_pos + (it.q0 - a.qsl[it.seq]);
+  const Rows rows{sc.m.data(), sc.l.data(), sc.acc.data()};
+  for (int64_t blk = it.kb0; blk < it.kb1; ++blk) {
+    const int64_t start = blk * bs;
+    const int64_t n = std::min(bs, ctx - start);
+    const int64_t phys = a.tables[it.seq * a.table_stride + blk];
+    const T* kb = a.k + phys * a.k_block + it.head * a.k_head;
+    const T* vb = a.v + phys * a.v_block + it.head * a.v_head;
+    if (it.nq == 1 && kern.decode != nullptr) {  // a decode sees every key of its blocks
+      kern.decode(sc.q.data(), kb, a.k_row, vb, a.v_row, n, sc.s.data(), rows);
+      continue;
+    }
+    kern.load(kb, a.k_row, n, D, sc.k.data());
+    kern.load(vb, a.v_row, n, D, sc.v.data());
+    for (int64_t t = 0; t < it.nq; ++t) {
+      const int64_t seen = std::clamp<int64_t>(tile_pos + t - start + 1, 0, n);  // causal: keys <= position
+      for (int64_t g = 0; g < G; ++g) sc.visible[t * G + g] = seen;
+    }
+    kern.fold(sc.q.data(), R, D, sc.k.data(), sc.v.data(), sc.visible.data(), sc.s.data(), rows);
+  }
+  if (it.part >= 0) {  // one split of a decode: keep the unnormalised partial for the merge
+    std::memcpy(a.part_acc + it.part * G * D, sc.acc.data(), sizeof(float) * G * D);
+    std::memcpy(a.part_m + it.part * G, sc.m.data(), sizeof(float) * G);
+    std::memcpy(a.part_l + it.part * G, sc.l.data(), sizeof(float) * G);
+    return;
+  }
+  for (int64_t t = 0; t < it.nq; ++t)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = t * G + g;
+      const float inv = 1.f / sc.l[r];
+      T* dst = a.out + (it.q0 + t) * a.out_tok + (it.head * G + g) * a.out_head;
+      for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(sc.acc[r * D + d] * inv);
+    }
+}
+
+template <typename T>
+void merge_splits(const Args<T>& a, const SplitGroup& sg) {
+  const int64_t D = a.D, G = a.G;
+  std::vector<float> acc(D);
+  for (int64_t g = 0; g < G; ++g) {
+    float mx = kNegInf;
+    for (int64_t p = 0; p < sg.count; ++p) mx = std::max(mx, a.part_m[(sg.first_part + p) * G + g]);
+    std::fill(acc.begin(), acc.end(), 0.f);
+    float sum = 0.f;
+    for (int64_t p = 0; p < sg.count; ++p) {
+      const int64_t slot = (sg.first_part + p) * G + g;
+      if (a.part_m[slot] == kNegInf) continue;  // an empty split
+      const float w = std::exp(a.part_m[slot] - mx);
+      sum += w * a.part_l[slot];
+      for (int64_t d = 0; d < D; ++d) acc[d] += w * a.part_acc[slot * D + d];
+    }
+    T* dst = a.out + sg.q0 * a.out_tok + (sg.head * G + g) * a.out_head;
+    for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<T>(acc[d] / sum);
+  }
+}
+
+// Runs fn(i) for i in [0, n) on torch's threads, each pulling the next index from a shared counter.
+template <typename Fn>
+void for_each_dynamic(int64_t n, int64_t num_threads, const Fn& fn) {
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(num_threads, n), 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
+  });
+}
+
+template <typename T>
+void attention_typed(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& qsl, double scale,
+                     int64_t split_tokens, bool allow_simd, const std::vector<bool>& done, at::Tensor& out) {
+  const int64_t H = q.size(1), D = q.size(2), kvh = k_cache.size(2), bs = k_cache.size(1);
+  const int64_t num_threads = at::get_num_threads();
+  Batch b = plan(seq_lens.data_ptr<int32_t>(), qsl.data_ptr<int32_t>(), seq_lens.size(0), kvh, bs, num_threads,
+                 split_tokens, done);
+  std::stable_sort(b.items.begin(), b.items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  const int64_t G = H / kvh;
+  at::Tensor part_acc = at::empty({b.num_parts * G, D}, q.options().dtype(at::kFloat));
+  at::Tensor part_ml = at::empty({2, b.num_parts * G}, q.options().dtype(at::kFloat));
+  Args<T> a{q.data_ptr<T>(),
+            q.stride(0),
+            q.stride(1),
+            k_cache.data_ptr<T>(),
+            v_cache.data_ptr<T>(),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            v_cache.stride(2),
+            block_tables.data_ptr<int32_t>(),
+            block_tables.stride(0),
+            seq_lens.data_ptr<int32_t>(),
+            qsl.data_ptr<int32_t>(),
+            out.data_ptr<T>(),
+            out.stride(0),
+            out.stride(1),
+            part_acc.data_ptr<float>(),
+            part_ml.data_ptr<float>(),
+            part_ml.data_ptr<float>() + b.num_parts * G,
+            D,
+            G,
+            bs,
+            static_cast<float>(scale)};
+  const Kernels<T> kern = pick_kernels<T>(D, G, allow_simd);
+  const std::vector<Item>& items = b.items;
+  // One scratch per thread, made on first use by that thread.
+  std::vector<std::unique_ptr<Scratch<T>>> scratch(num_threads);
+  for_each_dynamic(static_cast<int64_t>(items.size()), num_threads, [&](int64_t i) {
+    auto& sc = scratch[at::get_thread_num()];
+    if (!sc) sc = std::make_unique<Scratch<T>>(kTileTokens * G, D, bs);
+    run_item(a, kern, items[i], *sc);
+  });
+  for_each_dynamic(static_cast<int64_t>(b.split_groups.size()), num_threads,
+                   [&](int64_t g) { merge_splits(a, b.split_groups[g]); });
+}
+
+// A long prefill chunk: torch's CPU flash attention (oneDNN/AMX-backed where the CPU has it) beats
+// any loop here at O(n^2) work, so the op gathers the sequence's blocks (O(n)) and hands it over.
+void prefill_with_sdpa(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& table, int64_t ctx, int64_t q0, int64_t qlen, double scale, at::Tensor& out) {
+  const int64_t bs = k_cache.size(1), kvh = k_cache.size(2), D = k_cache.size(3);
+  const int64_t nblk = (ctx + bs - 1) / bs;
+  const at::Tensor ids = table.narrow(0, 0, nblk).to(at::kLong);
+  auto gather = [&](const at::Tensor& cache) {  // -> [1, KVH, ctx, D]
+    return cache.index_select(0, ids).reshape({nblk * bs, kvh, D}).narrow(0, 0, ctx).permute({1, 0, 2}).unsqueeze(0);
+  };
+  const at::Tensor qs = q.narrow(0, q0, qlen).permute({1, 0, 2}).unsqueeze(0);
+  std::optional<at::Tensor> mask;
+  if (ctx != qlen) {  // a cached prefix: query i (at position ctx - qlen + i) sees keys <= its position
+    const at::Tensor pos = at::arange(ctx, q.options().dtype(at::kLong));
+    mask = pos.unsqueeze(0) <= pos.narrow(0, ctx - qlen, qlen).unsqueeze(1);
+  }
+  const at::Tensor o = at::scaled_dot_product_attention(qs, gather(k_cache), gather(v_cache), mask, 0.0,
+                                                        /*is_causal=*/ctx == qlen, scale, /*enable_gqa=*/true);
+  out.narrow(0, q0, qlen).copy_(o[0].permute({1, 0, 2}));
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& qsl) {
+  TORCH_CHECK(q.device().is_cpu(), "paged_attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.dim() == 4, "q [T, H, D], caches [NB, bs, KVH, D]");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache differ in shape");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "q and the caches must share a dtype");
+  TORCH_CHECK(q.size(2) == k_cache.size(3), "head_dim of q and the cache differ");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "head_dim must be contiguous");
+  for (const at::Tensor* t : {&block_tables, &seq_lens, &qsl})
+    TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous(), "metadata must be contiguous int32");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == seq_lens.size(0), "block_tables [B, max_blocks]");
+  TORCH_CHECK(qsl.numel() == seq_lens.numel() + 1, "query_start_loc has B + 1 entries");
+}
+
+// Writes into out ([T, H, D], poisoned by the tests, so every element must be written).
+void paged_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                         const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                         const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd,
+                         int64_t sdpa_from) {
+  check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc);
+  TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.stride(2) == 1,
+              "out must be like q");
+  if (split_tokens <= 0) split_tokens = kSplitTokens;
+  const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  std::vector<bool> done(seq_lens.size(0), false);
+  for (int64_t s = 0; s < seq_lens.size(0) && sdpa_from > 0; ++s) {
+    const int64_t qlen = qsl[s + 1] - qsl[s];
+    if (qlen < sdpa_from) continue;
+    prefill_with_sdpa(q, k_cache, v_cache, block_tables[s], lens[s], qsl[s], qlen, scale, out);
+    done[s] = true;
+  }
+  switch (q.scalar_type()) {  // fp32 accumulation for every input dtype (so no double)
+    case at::kFloat:
+      attention_typed<float>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, done, out);
+      break;
+    case at::kBFloat16:
+      attention_typed<c10::BFloat16>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens,
+                                     simd, done, out);
+      break;
+    case at::kHalf:
+      attention_typed<c10::Half>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens,
+                                 simd, done, out);
+      break;
+    default:
+      TORCH_CHECK(false, "paged_attention: float32, bfloat16 or float16, got ", q.scalar_type());
+  }
+}
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                           const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd,
+                           int64_t sdpa_from) {
+  at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
+  paged_attention_out(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd,
+                      sdpa_from);
+  return out;
+}
+
+// Writes each token's K/V ([T, KVH, D]) into slot slot_mapping[t] (block * block_size + row); -1 skips.
+void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at::Tensor& v_cache,
+              const at::Tensor& slot_mapping) {
+  TORCH_CHECK(k.dim() == 3 && k.sizes() == v.sizes(), "k, v [T, KVH, D]");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type(),
+              "new K/V and the cache must share a dtype");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+              "head_dim must be contiguous");
+  TORCH_CHECK(k.size(1) == k_cache.size(2) && k.size(2) == k_cache.size(3), "K/V and cache shapes differ");
+  const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t T = k.size(0), kvh = k.size(1), D = k.size(2), bs = k_cache.size(1);
+  const int64_t nslots = k_cache.size(0) * bs;
+  const int64_t bytes = D * k.element_size();
+  auto* kd = static_cast<char*>(k_cache.data_ptr());
+  auto* vd = static_cast<char*>(v_cache.data_ptr());
+  const auto* ks = static_cast<const char*>(k.data_ptr());
+  const auto* vs = static_cast<const char*>(v.data_ptr());
+  const int64_t es = k.element_size();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = slot[t];
+    if (s < 0) continue;
+    TORCH_CHECK(s < nslots, "slot ", s, " is outside the cache");
+    const int64_t blk = s / bs, row = s % bs;
+    for (int64_t h = 0; h < kvh; ++h) {
+      std::memcpy(kd + (blk * k_cache.stride(0) + row * k_cache.stride(1) + h * k_cache.stride(2)) * es,
+                  ks + (t * k.stride(0) + h * k.stride(1)) * es, bytes);
+      std::memcpy(vd + (blk * v_cache.stride(0) + row * v_cache.stride(1) + h * v_cache.stride(2)) * es,
+                  vs + (t * v.stride(0) + h * v.stride(1)) * es, bytes);
+    }
+  }
+}
+
+bool has_simd() { return has_avx512(); }
+
+}  // namespace
+
+TORCH_LIBRARY(servelab, m) {
+  m.def(
+      "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
+      "Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64) -> Tensor");
+  m.def(
+      "paged_attention_out(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+      "Tensor seq_lens, Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64) -> ()");
+  m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
+  m.def("has_simd", &has_simd);
+}
+
+TORCH_LIBRARY_IMPL(servelab, CPU, m) {
+  m.impl("paged_attention", paged_attention);
+  m.impl("paged_attention_out", paged_attention_out);
+  m.impl("store_kv", store_kv);
+}
