@@ -59,6 +59,9 @@ class ModelRunner:
         tokens = self.sampler.sample(logits.cpu(), [s.params for s in to_sample], ids)
         return dict(zip(ids, tokens))
 
+    def forget(self, request_id: str) -> None:
+        self.sampler.forget(request_id)
+
     def _prepare(
         self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int]]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
