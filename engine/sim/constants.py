@@ -40,8 +40,16 @@ INTER_NODE_BW = 50 * GB  # 400 Gb/s InfiniBand NDR per GPU, the common H100 clus
 # Achieved fractions of peak (REFERENCES "What real stacks achieve").
 GEMM_EFFICIENCY = 0.62  # BLIS calibrated H100 prefill MFU ~0.65
 ATTENTION_EFFICIENCY = 0.50  # flash-attention forward reaches about half of dense peak on Hopper
-BW_EFFICIENCY = 0.75  # AIConfigurator 0.8, BLIS 0.72, Databricks ~0.6 at TP: a middle value
+BW_EFFICIENCY = 0.80  # AIConfigurator 0.8 (BLIS 0.72; Databricks ~0.6 at batch 1 with TP)
 LINK_EFFICIENCY = 0.70  # achieved bus bandwidth of NCCL all-reduce on NVLink, ~70% of the link
+
+# Elementwise kernels between the GEMMs move activations through HBM, per token per layer, in
+# elements: two RMSNorms (read + write hidden: 4h), RoPE on q and k (read + write: 2(q + kv)),
+# SwiGLU (read gate and up, write the product: 3f). Residual adds and FP8 quantisation fuse
+# into the norms (TensorRT-LLM's fused kernels), so they add nothing.
+ELEMENTWISE_HIDDEN = 4
+ELEMENTWISE_QK = 2
+ELEMENTWISE_FFN = 3
 
 # Host and launch overheads.
 KERNEL_LAUNCH_S = 3 * US  # AIConfigurator: ~3 us fixed latency per kernel launch

@@ -5,6 +5,7 @@ Per GPU of a TP group, for one step:
   bytes read once per step; a roofline max of the two at achieved compute and bandwidth.
 - attention: prefill chunks are compute (QK^T and PV over their context), decodes are KV bytes
   read; each at its own roofline.
+- elementwise kernels (norms, RoPE, SwiGLU): activation bytes per token at achieved bandwidth.
 - TP: two all-reduces per layer of the step's activations, latency + ring bytes / link bandwidth.
 - host: per-step overhead, per-layer kernel launches, one sampling kernel.
 """
@@ -32,6 +33,7 @@ class StepShape:
 @dataclass(frozen=True)
 class StepCost:
     gemm_s: float
+    elementwise_s: float
     attention_s: float
     allreduce_s: float
     overhead_s: float
@@ -39,7 +41,7 @@ class StepCost:
 
     @property
     def total_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.allreduce_s + self.overhead_s + self.sample_s
+        return self.gemm_s + self.elementwise_s + self.attention_s + self.allreduce_s + self.overhead_s + self.sample_s
 
 
 class CostModel:
@@ -59,6 +61,10 @@ class CostModel:
         # over this GPU's heads in every layer.
         self.attn_flops_per_pair = 4 * (cfg.num_heads // t) * cfg.head_dim * cfg.num_layers
         self.kv_bytes_per_token = dep.kv_bytes_per_token
+        q, kv = cfg.num_heads // t * cfg.head_dim, cfg.num_kv_heads // t * cfg.head_dim
+        elements = C.ELEMENTWISE_HIDDEN * cfg.hidden_size + C.ELEMENTWISE_QK * (q + kv)
+        elements += C.ELEMENTWISE_FFN * cfg.intermediate_size // t
+        self.elementwise_s_per_token = elements * C.ACTIVATION_BYTES * cfg.num_layers / self.bandwidth
         self.fixed_s = d.step_overhead_s + cfg.num_layers * d.layer_overhead_s
         self.vocab = cfg.vocab_size
         self.num_allreduces = C.ALLREDUCES_PER_LAYER * cfg.num_layers if t > 1 else 0
@@ -72,7 +78,7 @@ class CostModel:
 
     def step(self, s: StepShape) -> StepCost:
         if s.num_tokens == 0:
-            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         flops = 2 * (s.num_tokens * self.linear_params + s.num_sampled * self.head_params)
         gemm = max(flops / self.gemm_flops, self.weight_read_bytes / self.bandwidth)
         kvb = self.kv_bytes_per_token
@@ -93,4 +99,5 @@ class CostModel:
         )
         # Sampling reads the float32 logits of each sampled row.
         sample = self.sample_overhead + s.num_sampled * self.vocab * 4 / self.bandwidth if s.num_sampled else 0.0
-        return StepCost(gemm, prefill + decode, allreduce, self.fixed_s, sample)
+        elementwise = s.num_tokens * self.elementwise_s_per_token
+        return StepCost(gemm, elementwise, prefill + decode, allreduce, self.fixed_s, sample)

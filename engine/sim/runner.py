@@ -18,7 +18,7 @@ SIM_TOKEN = 100
 class CostModelRunner:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
-        self.last_cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        self.last_cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self.busy_s = 0.0  # predicted time spent in steps, for utilisation
 
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
