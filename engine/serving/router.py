@@ -59,7 +59,9 @@ class Router:
         config: RouterConfig,
         clock: Clock = WALL_CLOCK,
         events: EventLog | None = None,
+        dispatch_thread: bool = True,
     ) -> None:
+        """dispatch_thread=False: no thread; the caller runs dispatch_once() (the what-if loop)."""
         self.replicas = list(replicas)
         self.config = config
         self.clock = clock
@@ -73,7 +75,8 @@ class Router:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._dispatch_loop, name="router-dispatch", daemon=True)
-        self._thread.start()
+        if dispatch_thread:
+            self._thread.start()
 
     def submit(
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, api_key: str | None = None
@@ -139,29 +142,40 @@ class Router:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join(5)
+        if self._thread.is_alive():
+            self._thread.join(5)
 
     # dispatch ---------------------------------------------------------------------------------
 
+    DISPATCH_POLL_S = 0.01  # replicas free room without telling the router: it polls this often
+
     def _dispatch_loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(0.01)  # replicas free room without telling us: poll briefly
+            self._wake.wait(self.DISPATCH_POLL_S)
             self._wake.clear()
-            with self._lock:
-                for expired in self.queue.take_expired():
-                    self._count("deadline", expired.request_id)
-                    expired.payload.put(RequestError(expired.request_id, None, "deadline passed while queued"))
-                if self.replicas and all(r.state in ("failed", "stopped") for r in self.replicas):
-                    while (stranded := self.queue.pop()) is not None:  # nothing will ever serve them
-                        self._count("no_replica", stranded.request_id)
-                        stranded.payload.put(RequestError(stranded.request_id, None, "no replica is available"))
-                while (head := self.queue.peek()) is not None:
-                    replica = self._pick(head)
-                    if replica is None:
-                        break
-                    self.queue.pop()
-                    self._remember_prefix(replica, head)
-                    replica.submit(head.request_id, head.prompt_token_ids, head.params, events=head.payload)
+            self.dispatch_once()
+
+    def dispatch_once(self) -> int:
+        """One dispatch pass: answer expired and stranded requests, then commit the queue's head to
+        replicas with room until one has none. Returns how many requests were dispatched."""
+        dispatched = 0
+        with self._lock:
+            for expired in self.queue.take_expired():
+                self._count("deadline", expired.request_id)
+                expired.payload.put(RequestError(expired.request_id, None, "deadline passed while queued"))
+            if self.replicas and all(r.state in ("failed", "stopped") for r in self.replicas):
+                while (stranded := self.queue.pop()) is not None:  # nothing will ever serve them
+                    self._count("no_replica", stranded.request_id)
+                    stranded.payload.put(RequestError(stranded.request_id, None, "no replica is available"))
+            while (head := self.queue.peek()) is not None:
+                replica = self._pick(head)
+                if replica is None:
+                    break
+                self.queue.pop()
+                self._remember_prefix(replica, head)
+                replica.submit(head.request_id, head.prompt_token_ids, head.params, events=head.payload)
+                dispatched += 1
+        return dispatched
 
     def _pick(self, request: QueuedRequest) -> ReplicaHandle | None:
         hashes = self._block_hashes(request)

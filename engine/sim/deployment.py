@@ -45,9 +45,8 @@ class Deployment:
         if self.weight_bytes + self.tp * self.reserve_bytes > self.tp * d.memory_bytes:
             raise SimConfigError(
                 f"{m.name} in {self.dtype} needs {self.weight_bytes / 1e9:.0f} GB of weights; "
-                f"{self.tp} x {d.name} hold {self.tp * d.memory_gb:.0f} GB"
-                + (f" (less {self.reserve_bytes / 1e9:.1f} GB runtime reserve each)" if self.reserve_bytes else "")
-                + ": use fp8 or more GPUs"
+                f"{self.tp} x {d.name} hold {self.tp * d.memory_gb:.0f} GB: use fp8 or more GPUs"
+                + (f" (each GPU also keeps {self.reserve_bytes / 1e9:.1f} GB for the runtime)" if self.reserve_bytes else "")
             )
 
     @property
