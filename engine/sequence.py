@@ -20,10 +20,13 @@ class SequenceStatus(enum.Enum):
 
 @dataclass
 class RequestTimes:
-    """Clock readings for one request; metrics are computed from these, never guessed."""
+    """Clock readings for one request; metrics are computed from these, never guessed.
+
+    arrival is the one arrival time: the router's admission stamp when a router stands in front
+    (so the central queue's wait is inside every figure), the add_request call otherwise."""
 
     arrival: float
-    queued: float | None = None
+    queued: float | None = None  # reached this engine's scheduler (after any central queue)
     scheduled: float | None = None  # first time it entered a batch
     first_token: float | None = None
     tokens: list[float] = field(default_factory=list)  # one per output token

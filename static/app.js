@@ -22,7 +22,9 @@
     queue_depth: [["queued", (s) => s.queue_depth]],
     running: [["running", (s) => s.running], ["waiting in replicas", (s) => s.waiting]],
     kv_blocks: [["used", (s) => s.kv_used_blocks], ["total", (s) => s.kv_total_blocks, "dot"]],
-    ttft: [["p50", (s) => s.ttft_p50], ["p99", (s) => s.ttft_p99], ["target (p99)", (s) => s.ttft_target_ms / 1000, "dash"]],
+    // The server's TTFT (from its one arrival stamp) beside what the lab's clients measured at their end.
+    ttft: [["server p50", (s) => s.ttft_p50], ["server p99", (s) => s.ttft_p99], ["clients p50", (s) => s.client_ttft_p50, "dot"],
+           ["clients p99", (s) => s.client_ttft_p99, "dot"], ["target (p99)", (s) => s.ttft_target_ms / 1000, "dash"]],
     itl: [["p50", (s) => s.itl_p50], ["p99", (s) => s.itl_p99]],
     tokens_per_s: [["tok/s", (s) => s.tokens_per_s]],
     rejected: [["queue full (429)", (s) => s.rejected.queue_full || 0], ["rate limited (429)", (s) => s.rejected.rate_limited || 0],
@@ -242,7 +244,7 @@
       timing.classList.remove("error");
       timing.textContent = "queued…";
       const start = performance.now();
-      let first = null, tokens = 0;
+      let first = null, tokens = 0, server = null;
       try {
         const res = await fetch("/v1/chat/completions", {
           method: "POST", headers: { "Content-Type": "application/json" },
@@ -266,6 +268,8 @@
             if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
             const msg = JSON.parse(line.slice(6));
             if (msg.error) throw new Error(msg.error.message);
+            if (msg.servelab) server = msg.servelab;
+            if (!msg.choices.length) continue;
             const text = (msg.choices[0].delta || {}).content || "";
             if (text) {
               if (first === null) first = performance.now();
@@ -275,7 +279,11 @@
             timing.textContent = "time to first token " + (first === null ? "…" : Math.round(first - start) + " ms") + " · " + tokens + " chunks";
           }
         }
-        timing.textContent = "time to first token " + Math.round((first || performance.now()) - start) + " ms · total " + Math.round(performance.now() - start) + " ms";
+        // What this browser measured, then the server's own figures for the same request.
+        const ms = (v) => (v === null || v === undefined ? "–" : Math.round(v * 1000) + " ms");
+        timing.textContent = "time to first token " + Math.round((first || performance.now()) - start) + " ms (you) · " +
+          (server ? ms(server.ttft_s) + " (server; " + ms(server.queue_time_s) + " of it queued)" : "server figure not reported") +
+          " · total " + Math.round(performance.now() - start) + " ms";
       } catch (err) {
         timing.classList.add("error");
         timing.textContent = err.message;

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from engine.clock import VirtualClock
+from engine.sequence import RequestTimes
 from engine.serving.messages import StepMessage, TokenDelta
 from engine.serving.metrics import MetricsBus
 
 
-def delta(rid: str, n: int, finished: bool = False, reason: str | None = None, times: dict | None = None) -> TokenDelta:
-    return TokenDelta(rid, list(range(n)), "x" * n, finished, reason, 10, 0, times)
+def delta(
+    rid: str, n: int, finished: bool = False, reason: str | None = None, times: RequestTimes | None = None, first=False
+) -> TokenDelta:
+    return TokenDelta(rid, list(range(n)), "x" * n, finished, reason, 10, 0, times, first)
 
 
 def test_latencies_counters_and_prometheus_names() -> None:
@@ -23,16 +26,23 @@ def test_latencies_counters_and_prometheus_names() -> None:
         "prefix_cache_queries": 200,
         "prefix_cache_hits": 64,
     }
-    bus.observe(StepMessage(0, 100.0, [delta("a", 1), delta("b", 1)], stats=stats))
-    times = {"arrival": 99.0, "scheduled": 99.25, "first_token": 99.5, "tokens": [99.5, 99.75, 100.0]}
-    bus.observe(StepMessage(0, 100.0, [delta("a", 2, True, "length", times)], stats=stats))
-    aborted = {"arrival": 99.0, "scheduled": 99.125, "first_token": 99.25, "tokens": [99.25, 99.5]}
-    bus.observe(StepMessage(1, 100.0, [delta("b", 0, True, "abort", aborted)], stats={}, state="draining"))
+    # Arrival is the router's stamp; "queued" is when the replica's scheduler got the request.
+    a = RequestTimes(99.0, queued=99.125, scheduled=99.25, first_token=99.5, tokens=[99.5])
+    b = RequestTimes(99.0, queued=99.0625, scheduled=99.125, first_token=99.25, tokens=[99.25])
+    # TTFT and queue time count on the delta that carries the first token, before the request ends.
+    bus.observe(StepMessage(0, 99.5, [delta("a", 1, times=a, first=True), delta("b", 1, times=b, first=True)], stats))
+    assert bus.histograms["time_to_first_token_seconds"].count == 2
+    assert bus.histograms["e2e_request_latency_seconds"].count == 0
+    a_end = RequestTimes(99.0, 99.125, 99.25, 99.5, tokens=[99.5, 99.75, 100.0], finished=100.0)
+    bus.observe(StepMessage(0, 100.0, [delta("a", 2, True, "length", a_end)], stats=stats))
+    b_end = RequestTimes(99.0, 99.0625, 99.125, 99.25, tokens=[99.25, 99.5], aborted=100.0)
+    bus.observe(StepMessage(1, 100.0, [delta("b", 0, True, "abort", b_end)], stats={}, state="draining"))
     # Replicas by state come from their owner (the fleet): a killed replica sends no message.
     states = {"ready": 1, "draining": 1}
     snap = bus.snapshot(queue_depth=4, rejected={"queue_full": 2}, replicas=states)
     assert snap["running"] == 2 and snap["kv_used_blocks"] == 30 and snap["queue_depth"] == 4
     assert snap["ttft_p50"] == 0.25 and snap["ttft_p99"] == 0.5 and snap["itl_p99"] == 0.25
+    assert snap["queue_time_p50"] == 0.125 and snap["queue_time_p99"] == 0.25
     assert snap["replicas"] == {"ready": 1, "draining": 1}
     text = bus.prometheus_text("smollm2", queue_depth=4, rejected={"queue_full": 2}, replicas=states)
     assert 'vllm:num_requests_running{model_name="smollm2"} 2' in text
@@ -45,6 +55,10 @@ def test_latencies_counters_and_prometheus_names() -> None:
     assert 'vllm:time_to_first_token_seconds_count{model_name="smollm2"} 2' in text
     assert 'vllm:inter_token_latency_seconds_count{model_name="smollm2"} 3' in text
     assert 'vllm:request_queue_time_seconds_sum{model_name="smollm2"} 0.375' in text
+    assert 'vllm:e2e_request_latency_seconds_sum{model_name="smollm2"} 2.0' in text
+    # The split: the router's central queue, then the wait inside the replica; they add up.
+    assert 'servelab_central_queue_time_seconds_sum{model_name="smollm2"} 0.1875' in text
+    assert 'servelab_replica_queue_time_seconds_sum{model_name="smollm2"} 0.1875' in text
     assert 'servelab_rejected_requests_total{reason="queue_full"} 2' in text
     assert "servelab_wasted_tokens_total 2" in text
     assert 'servelab_replicas{state="draining"} 1' in text

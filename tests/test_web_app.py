@@ -151,6 +151,38 @@ def test_own_prompt_streams_through_the_queue(server: ServerProcess, page: Page)
     page.click("#prompt-send")
     expect(page.locator("#prompt-timing")).to_contain_text("total", timeout=60_000)
     assert page.inner_text("#prompt-output").strip()
+    # The browser's own TTFT beside the server's figure for the same request.
+    expect(page.locator("#prompt-timing")).to_contain_text(" (server; ")
+
+
+def test_flood_ttft_chart_climbs_with_the_queue_on_both_lines(server: ServerProcess, page: Page) -> None:
+    """Two batch slots and a flood: the wait in the queue shows on the ttft chart, where the
+    server's line (from the one arrival stamp) and the clients' line climb together."""
+    open_as_instructor(page, server, "/steps/8")
+    wait_for(page, "window.servelab.lab !== null", 30)
+    before = page.evaluate(
+        "(({max_num_seqs, output_tokens, prompt_tokens}) => ({max_num_seqs, output_tokens, prompt_tokens}))"
+        "(window.servelab.lab.levers)"
+    )
+    page.evaluate("window.servelab.socket.emit('set_levers', {max_num_seqs: 2, output_tokens: 24, prompt_tokens: 64})")
+    wait_for(page, "window.servelab.lab.levers.max_num_seqs === 2", 10)
+    ttft = "document.getElementById('chart-ttft').data"
+    last = "(t) => t.y.filter((v) => v !== null).slice(-1)[0] || 0"
+    try:
+        page.fill("#ramp-to", "20")
+        page.fill("#ramp-s", "1")
+        page.click("#flood-button")
+        wait_for(page, f"({last})({ttft}[0]) > 1 && ({last})({ttft}[2]) > 1", 90)
+        server_p50 = page.evaluate(f"({last})({ttft}[0])")
+        client_p50 = page.evaluate(f"({last})({ttft}[2])")
+        assert abs(server_p50 - client_p50) <= 0.1 * client_p50 + 0.05, (server_p50, client_p50)
+        page.wait_for_timeout(5000)  # a few more seconds of the climb for the picture
+        page.locator("#chart-ttft").screenshot(path=str(ARTIFACTS / "steps-8-ttft-chart.png"))
+        page.screenshot(path=str(ARTIFACTS / "steps-8-ttft-climbs.png"), full_page=True)
+    finally:
+        page.click("#traffic-stop")
+        page.evaluate("(levers) => window.servelab.socket.emit('set_levers', levers)", before)
+    wait_for(page, f"window.servelab.lab.levers.max_num_seqs === {before['max_num_seqs']}", 10)
 
 
 def test_flood_fills_a_small_queue_and_shows_429s(server: ServerProcess, page: Page) -> None:

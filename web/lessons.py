@@ -25,7 +25,7 @@ CHARTS = {  # the live charts a lesson may name, with the title a page gives eac
     "queue_depth": "Queue depth",
     "running": "Running and waiting requests",
     "kv_blocks": "KV blocks used / total",
-    "ttft": "TTFT p50 / p99 (s)",
+    "ttft": "TTFT p50 / p99 (s): server and clients",
     "itl": "ITL p50 / p99 (s)",
     "tokens_per_s": "Output tokens/s",
     "rejected": "Refused requests (total)",

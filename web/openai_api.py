@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 from engine.errors import ServingError
 from engine.serving.fleet import Fleet
 from engine.serving.messages import RequestError
-from web.openai_protocol import ParsedRequest, chunk, completion, parse_request, usage
+from web.openai_protocol import ParsedRequest, chunk, completion, parse_request, server_timing, usage
 
 log = logging.getLogger("servelab.api")
 
@@ -162,7 +162,10 @@ def _sse(f: Fleet, req: ParsedRequest, events: queue.Queue, num_prompt: int, pin
             tokens += len(event.token_ids)
             if event.text or event.finished or first:
                 reason = event.finish_reason if event.finished else None
-                yield _data(chunk(req, f.model_name, event.text, reason, first))
+                body = chunk(req, f.model_name, event.text, reason, first)
+                if event.finished and event.times is not None:
+                    body["servelab"] = server_timing(event.times)
+                yield _data(body)
                 first = False
             if event.finished:
                 finished = True

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.errors import InvalidParamError, ServingError
 from engine.sampling_params import SamplingParams
+from engine.sequence import RequestTimes
 
 
 @dataclass
@@ -114,6 +115,21 @@ def chunk(req: ParsedRequest, model: str, text: str, finish_reason: str | None, 
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
     return {"id": req.request_id, "object": obj, "created": req.created, "model": model, "choices": [choice]}
+
+
+def server_timing(times: RequestTimes) -> dict[str, float | None]:
+    """ServeLab's extension on a stream's last chunk (`servelab`): the server's own figures for
+    this request, from its one arrival time, so a client can set them beside what it measured."""
+
+    def span(start: float | None, end: float | None) -> float | None:
+        return None if start is None or end is None else round(end - start, 6)
+
+    return {
+        "ttft_s": span(times.arrival, times.first_token),
+        "queue_time_s": span(times.arrival, times.scheduled),
+        "central_queue_s": span(times.arrival, times.queued),
+        "e2e_s": span(times.arrival, times.tokens[-1] if times.tokens else None),
+    }
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -187,8 +187,9 @@ class LiveLab:
 
     def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
         """A metrics snapshot plus the lab's view of it (status, levers, traffic: `lab`), for the
-        live stream."""
-        return snap | {
+        live stream. The server's latencies sit beside the lab's clients' (`client_*`): the same
+        figures measured at the receiving end of the stream."""
+        return snap | self.traffic.clients.view().fields() | {
             "bottlenecks": bottlenecks(self.levers, self.facts(), snap),
             "ttft_target_ms": self.levers["ttft_target_ms"],
             "autoscaler": self.autoscaler.status(),

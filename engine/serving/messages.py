@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.sampling_params import SamplingParams
+from engine.sequence import RequestTimes
 
 
 @dataclass
@@ -17,7 +18,7 @@ class AddRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_time: float | None = None
+    arrival_time: float  # stamped once, when the router admitted it (the replica never restamps)
 
 
 @dataclass
@@ -51,7 +52,10 @@ class TokenDelta:
     finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int
-    times: dict[str, Any] | None = None  # the request's timestamps, on its last delta
+    # The request's timestamps, on the delta that carries its first token (TTFT and queue time are
+    # counted then, not at the end of a long answer) and on its last delta (e2e, ITL).
+    times: RequestTimes | None = None
+    first_token: bool = False  # this delta carries the request's first output token
 
 
 @dataclass

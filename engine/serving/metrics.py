@@ -2,7 +2,13 @@
 
 Names follow vLLM's where the concept is the same (DESIGN.md), so dashboards and autoscaling
 rules written for vLLM work; ServeLab's own are `servelab_*`. Latencies are computed from the
-engine's recorded timestamps, never estimated."""
+engine's recorded timestamps, never estimated, and all start at the request's one arrival time
+(stamped when the router admitted it), so they include the wait in the central queue:
+
+  ttft        arrival -> first token            counted when the first token comes
+  queue time  arrival -> first scheduled        (vLLM's meaning) = central queue + inside the replica
+  e2e         arrival -> last token             counted when the request ends
+  itl         token -> next token"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from collections import deque
 from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
+from engine.sequence import RequestTimes
 from engine.serving.events import EventLog
 from engine.serving.messages import StepMessage
 
@@ -54,12 +61,17 @@ class MetricsBus:
                 "request_queue_time_seconds",
             )
         }
+        # ServeLab's split of the queue time: the router's central queue, then the replica's scheduler.
+        self.servelab_histograms = {
+            name: Histogram() for name in ("central_queue_time_seconds", "replica_queue_time_seconds")
+        }
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.wasted_tokens = 0  # generated for requests that were then cancelled
         self.replica_stats: dict[int, dict[str, Any]] = {}
         self._recent_ttft: deque[tuple[float, float]] = deque()
         self._recent_itl: deque[tuple[float, float]] = deque()
+        self._recent_queue: deque[tuple[float, float]] = deque()
         self._recent_tokens: deque[tuple[float, int]] = deque()
         self._retired = dict.fromkeys(COUNTERS, 0)  # counters only grow: keep what retired replicas did
         self._lock = threading.Lock()
@@ -78,13 +90,17 @@ class MetricsBus:
             if produced:
                 self._recent_tokens.append((msg.time, produced))
             for delta in msg.deltas:
-                if delta.finished and delta.finish_reason == "abort" and delta.times:
-                    self.wasted_tokens += len(delta.times["tokens"])
+                if delta.first_token and delta.times:
+                    self._first_token(delta.times, msg.time)
+                if not delta.finished:
+                    continue
+                n = len(delta.times.tokens) if delta.times else 0
+                if delta.finish_reason == "abort":
+                    self.wasted_tokens += n
                     self.events.emit("cancelled", f"{delta.request_id} cancelled", id=delta.request_id)
-                elif delta.finished:
-                    n = len(delta.times["tokens"]) if delta.times else 0
+                else:
                     self.events.emit("finished", f"{delta.request_id} finished ({n} tokens)", id=delta.request_id)
-                if delta.finished and delta.times:
+                if delta.times:
                     self._finish(delta.num_prompt_tokens, delta.times, msg.time)
 
     def forget(self, replica_id: int) -> None:
@@ -97,17 +113,24 @@ class MetricsBus:
     def _counter(self, stats: list[dict[str, Any]], key: str) -> int:
         return self._retired[key] + sum(s.get(key, 0) for s in stats)
 
-    def _finish(self, prompt_tokens: int, times: dict[str, Any], now: float) -> None:
-        self.prompt_tokens += prompt_tokens
+    def _first_token(self, times: RequestTimes, now: float) -> None:
         h = self.histograms
-        h["e2e_request_latency_seconds"].observe(now - times["arrival"])
-        if times["scheduled"] is not None:
-            h["request_queue_time_seconds"].observe(times["scheduled"] - times["arrival"])
-        if times["first_token"] is not None:
-            ttft = times["first_token"] - times["arrival"]
+        if times.first_token is not None:
+            ttft = times.first_token - times.arrival
             h["time_to_first_token_seconds"].observe(ttft)
             self._recent_ttft.append((now, ttft))
-        for a, b in zip(times["tokens"], times["tokens"][1:]):
+        if times.scheduled is not None:
+            h["request_queue_time_seconds"].observe(times.scheduled - times.arrival)
+            self._recent_queue.append((now, times.scheduled - times.arrival))
+            if times.queued is not None:
+                self.servelab_histograms["central_queue_time_seconds"].observe(times.queued - times.arrival)
+                self.servelab_histograms["replica_queue_time_seconds"].observe(times.scheduled - times.queued)
+
+    def _finish(self, prompt_tokens: int, times: RequestTimes, now: float) -> None:
+        self.prompt_tokens += prompt_tokens
+        h = self.histograms
+        h["e2e_request_latency_seconds"].observe(now - times.arrival)
+        for a, b in zip(times.tokens, times.tokens[1:]):
             h["inter_token_latency_seconds"].observe(b - a)
             self._recent_itl.append((now, b - a))
 
@@ -118,12 +141,13 @@ class MetricsBus:
         replicas (by state) come from their owner, the fleet: a killed replica sends no message."""
         now = self.clock.now()
         with self._lock:
-            for window in (self._recent_ttft, self._recent_itl, self._recent_tokens):
+            for window in (self._recent_ttft, self._recent_itl, self._recent_queue, self._recent_tokens):
                 while window and now - window[0][0] > WINDOW_S:
                     window.popleft()
             stats = list(self.replica_stats.values())
             ttft = sorted(v for _, v in self._recent_ttft)
             itl = sorted(v for _, v in self._recent_itl)
+            waits = sorted(v for _, v in self._recent_queue)
             span = min(WINDOW_S, max(1e-3, now - self._recent_tokens[0][0])) if self._recent_tokens else 1.0
             return {
                 "time": now,
@@ -132,10 +156,12 @@ class MetricsBus:
                 "waiting": sum(s.get("waiting", 0) for s in stats),
                 "kv_used_blocks": sum(s.get("kv_used_blocks", 0) for s in stats),
                 "kv_total_blocks": sum(s.get("kv_total_blocks", 0) for s in stats),
-                "ttft_p50": _percentile(ttft, 50),
-                "ttft_p99": _percentile(ttft, 99),
-                "itl_p50": _percentile(itl, 50),
-                "itl_p99": _percentile(itl, 99),
+                "ttft_p50": window_percentile(ttft, 50),
+                "ttft_p99": window_percentile(ttft, 99),
+                "itl_p50": window_percentile(itl, 50),
+                "itl_p99": window_percentile(itl, 99),
+                "queue_time_p50": window_percentile(waits, 50),
+                "queue_time_p99": window_percentile(waits, 99),
                 "tokens_per_s": sum(n for _, n in self._recent_tokens) / span,
                 "replicas": dict(replicas or {}),
                 "rejected": dict(rejected or {}),
@@ -170,6 +196,8 @@ class MetricsBus:
             lines.append(f"vllm:prefix_cache_hits_total{{{label}}} {self._counter(stats, 'prefix_cache_hits')}")
             for name, histogram in self.histograms.items():
                 lines += histogram.lines(f"vllm:{name}", label)
+            for name, histogram in self.servelab_histograms.items():
+                lines += histogram.lines(f"servelab_{name}", label)
         for reason, count in sorted(snap["rejected"].items()):
             lines.append(f'servelab_rejected_requests_total{{reason="{reason}"}} {count}')
         for state, count in sorted(snap["replicas"].items()):
@@ -178,7 +206,7 @@ class MetricsBus:
         return "\n".join(lines) + "\n"
 
 
-def _percentile(sorted_values: list[float], pct: float) -> float | None:
+def window_percentile(sorted_values: list[float], pct: float) -> float | None:
     if not sorted_values:
         return None
     index = min(len(sorted_values) - 1, round(pct / 100 * (len(sorted_values) - 1)))

@@ -9,6 +9,7 @@ so a slow step on a busy CPU is not mistaken for a frozen process."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import multiprocessing as mp
 import os
@@ -159,10 +160,8 @@ def _take_commands(inbox: Any, wait: float) -> list[Any]:
 
 def _delta(out: Any) -> TokenDelta:
     seq = out.seq
-    times = None
-    if out.finished:
-        t = seq.times
-        times = {"arrival": t.arrival, "first_token": t.first_token, "tokens": t.tokens, "scheduled": t.scheduled}
+    first = bool(out.new_token_ids) and len(seq.times.tokens) == len(out.new_token_ids)
+    times = copy.deepcopy(seq.times) if first or out.finished else None
     return TokenDelta(
         out.request_id,
         out.new_token_ids,
@@ -172,6 +171,7 @@ def _delta(out: Any) -> TokenDelta:
         seq.num_prompt_tokens,
         seq.num_cached_tokens,
         times,
+        first,
     )
 
 
@@ -229,7 +229,11 @@ class ReplicaHandle:
         arrival_time: float | None = None,
     ) -> queue.Queue:
         """Queue of events for this request (the caller's, or a new one): TokenDelta (the last
-        one has finished=True) or a RequestError, after which nothing more comes."""
+        one has finished=True) or a RequestError, after which nothing more comes.
+
+        arrival_time is the router's admission stamp, so the replica's TTFT and queue time
+        include the wait in the central queue. Only a caller with no queue in front (a test, a
+        benchmark driving one replica) leaves it out, and then the hand-off is the arrival."""
         events = queue.Queue() if events is None else events
         with self._lock:
             if self.state != "ready":

@@ -1,8 +1,10 @@
 """The one central request queue in front of the fleet: bounded, with deadlines.
 
 A full queue refuses with a Retry-After computed from the measured drain rate, with full
-jitter, so refused clients do not come back as one wave. A deadline is stamped at enqueue and
-checked again at dequeue, so a request whose client has given up never buys a prefill."""
+jitter, so refused clients do not come back as one wave. A request's arrival time is stamped
+here, once, at the moment it is admitted: it travels with the request to its replica, so TTFT,
+queue time and e2e latency all include the wait in this queue. The deadline counts from it and
+is checked again at dequeue, so a request whose client has given up never buys a prefill."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ class QueuedRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    enqueued: float = 0.0
+    arrival: float = 0.0  # stamped by offer() on admission: the request's one arrival time
     deadline: float | None = None
     payload: Any = None  # what the caller needs to answer it (its stream)
     block_hashes: list[bytes] | None = None  # the prompt's chained block hashes, for routing
@@ -59,7 +61,7 @@ class RequestQueue:
             self.num_rejected += 1
             return Admission(False, "queue_full", self.retry_after())
         now = self.clock.now()
-        request.enqueued = now
+        request.arrival = now
         request.deadline = None if self.deadline_s is None else now + self.deadline_s
         self._items.append(request)
         self.num_admitted += 1

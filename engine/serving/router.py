@@ -173,7 +173,9 @@ class Router:
                     break
                 self.queue.pop()
                 self._remember_prefix(replica, head)
-                replica.submit(head.request_id, head.prompt_token_ids, head.params, events=head.payload)
+                replica.submit(
+                    head.request_id, head.prompt_token_ids, head.params, events=head.payload, arrival_time=head.arrival
+                )
                 dispatched += 1
         return dispatched
 

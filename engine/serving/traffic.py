@@ -3,7 +3,8 @@ follow the levers while it runs, with an optional linear ramp (the "flood").
 
 Each arrival draws its gap from the same gamma distribution as the benchmark load generator
 (Poisson at burstiness 1) and runs on its own thread through RouterTarget, so flood requests
-wait in the same central queue as every HTTP request."""
+wait in the same central queue as every HTTP request. The driver is the lab's client: it times
+each request at its own end of the stream (`clients`), the user's view beside the server's."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
+from engine.serving.client_stats import ClientLatency
 from engine.serving.loadgen import VOCAB, LoadRequest, RouterTarget, draw_length
 from engine.serving.loadgen_metrics import RequestRecord
 from engine.serving.router import Router
@@ -52,6 +54,7 @@ class TrafficDriver:
         self.ramp: Ramp | None = None
         self.sent = 0
         self.refused = 0
+        self.clients = ClientLatency()
         self._in_flight = threading.Semaphore(MAX_IN_FLIGHT)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,6 +108,7 @@ class TrafficDriver:
 
     def _send(self, request: LoadRequest) -> None:
         record = RequestRecord(0, request.request_id, len(request.prompt_token_ids), request.max_tokens)
+        self.clients.track(record)
         try:
             # Flood requests are never cut when the flood stops: the stop event stays clear.
             self._target.send(request, record, threading.Event())
