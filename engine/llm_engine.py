@@ -7,6 +7,7 @@ while engine.has_work():
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,7 +146,8 @@ class LLMEngine:
         if not ids:
             raise InvalidParamError("prompt", "must not be empty")
         vocab = self.model_cfg.vocab_size
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+        # map() keeps the check in C: a 1000-token prompt is checked in microseconds.
+        if not all(map(isinstance, ids, itertools.repeat(int))) or min(ids) < 0 or max(ids) >= vocab:
             raise InvalidParamError("prompt", f"token ids must be integers in [0, {vocab})")
         if len(ids) >= self.max_model_len:
             raise InvalidParamError("prompt", f"{len(ids)} tokens; the context holds {self.max_model_len}")
@@ -227,7 +229,7 @@ class LLMEngine:
         if reason:
             self._finish(seq, reason, now)
         # Hold back text that could be the start of a stop string, until it is known not to be.
-        hold = 0 if reason else max((len(s) - 1 for s in params.stop), default=0)
+        hold = 0 if reason or not params.stop else max(len(s) - 1 for s in params.stop)
         end = max(seq.num_text_emitted, len(seq.output_text) - hold)
         new_text = seq.output_text[seq.num_text_emitted : end]
         seq.num_text_emitted = end

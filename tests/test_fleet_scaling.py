@@ -23,7 +23,7 @@ class StandIn:
     def __init__(self, replica_id: int, config: EngineConfig, cores: list[int] | None = None, **kw: Any) -> None:
         self.replica_id, self.config, self.cores = replica_id, config, cores
         self.on_message = kw.get("on_message")
-        self.state, self.stats, self.error, self.num_in_flight = "starting", {}, None, 0
+        self.state, self.stats, self.error, self.num_in_flight = "starting", None, None, 0
         self.process = SimpleNamespace(is_alive=lambda: False)
 
     def drain(self) -> None:

@@ -73,7 +73,7 @@ def test_abort_frees_blocks_and_bad_input_names_the_field(replica: ReplicaHandle
     replica.abort("long")
     last = collect(long)[-1]
     assert isinstance(last, TokenDelta) and last.finish_reason == "abort"
-    assert wait_for(lambda: replica.stats.get("kv_used_blocks") == 0 and replica.stats.get("running") == 0, 5)
+    assert wait_for(lambda: replica.stats is not None and replica.stats.kv_used_blocks == 0 and replica.stats.running == 0, 5)
 
 
 def test_sigkill_fails_in_flight_streams_within_two_seconds(llm_fp32: LLM) -> None:

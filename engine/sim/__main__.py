@@ -45,12 +45,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--num-requests", type=int, default=1000)
     r.add_argument("--rate", type=_rate, default=float("inf"), help="requests/s, or inf (all at once)")
     r.add_argument("--burstiness", type=float, default=1.0)
-    r.add_argument("--max-num-seqs", type=int, default=256)
+    r.add_argument("--max-num-seqs", type=int, default=1024)
     r.add_argument("--max-batched-tokens", type=int, default=8192)
     r.add_argument("--admission", choices=("greedy", "reserve"), default="greedy",
                    help="greedy: vLLM (preempt when full); reserve: TensorRT-LLM's guaranteed-no-evict")
     r.add_argument("--prefix-caching", type=_bool, default=False)
-    r.add_argument("--prefill-gpus", type=int, default=None)
+    r.add_argument("--prefill-gpus", type=int, default=None, help="with --decode-gpus: disaggregated pools")
     r.add_argument("--decode-gpus", type=int, default=None)
     r.add_argument("--ttft-slo-ms", type=float, default=None)
     r.add_argument("--tpot-slo-ms", type=float, default=None)
@@ -61,8 +61,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def spec_from(args: argparse.Namespace) -> SimSpec:
-    if args.prefill_gpus is not None or args.decode_gpus is not None:
-        raise SimConfigError("--prefill-gpus/--decode-gpus (disaggregation) is not built yet")
     kv = args.kv_dtype or ("bf16" if args.dtype == "fp4" else args.dtype)
     for name in ("gpus", "tp", "input_tokens", "output_tokens", "num_requests", "max_num_seqs", "max_batched_tokens"):
         if getattr(args, name) < 1:
@@ -75,7 +73,7 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         num_requests=args.num_requests, rate=args.rate, burstiness=args.burstiness, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens, ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
         seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching,
-        kill_replica_at_s=args.kill_replica_at,
+        kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
     )
 
 

@@ -32,12 +32,12 @@ class EventLoop:
 
         self.at(self.clock.now(), tick)
 
-    def run(self, until: float | None = None) -> None:
-        """Run events in time order until none is left (or the next is past `until`)."""
+    def run(self, until: float | None = None, done: Callable[[], bool] | None = None) -> None:
+        """Run events in time order until none is left, the next is past `until`, or done()."""
         heap, clock = self._heap, self.clock
         while heap:
             when = heap[0][0]
-            if until is not None and when > until:
+            if (until is not None and when > until) or (done is not None and done()):
                 break
             _, _, step = heapq.heappop(heap)
             clock.advance(when - clock.now())

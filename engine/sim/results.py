@@ -25,14 +25,15 @@ class Recorder:
     finished: dict[str, str] = field(default_factory=dict)  # request id -> finish reason
     slo_s: tuple[float, float] = (float("inf"), float("inf"))  # (ttft, tpot)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: Sequence, earlier_tokens: tuple[float, ...] = ()) -> None:
+        """earlier_tokens: token times produced elsewhere first (a disaggregated prefill's token)."""
         self.finished[seq.request_id] = seq.finish_reason or ""
         t = seq.times
         if seq.finish_reason == "abort" or t.first_token is None or t.finished is None:
             return
         arrival = self.arrivals[seq.request_id]
-        tokens = t.tokens
-        ttft = t.first_token - arrival
+        tokens = [*earlier_tokens, *t.tokens] if earlier_tokens else t.tokens
+        ttft = tokens[0] - arrival
         tpot = (tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else 0.0
         self.ttft.append(ttft)
         self.e2el.append(t.finished - arrival)

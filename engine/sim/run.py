@@ -15,6 +15,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.events import EventLog
 from engine.serving.messages import RequestError
 from engine.serving.router import AdmissionError, Router, RouterConfig
+from engine.sim import constants as C
 from engine.sim.deployment import Deployment, SimConfigError
 from engine.sim.devices import get_device
 from engine.sim.loop import EventLoop
@@ -39,7 +40,7 @@ class SimSpec:
     num_requests: int = 1000
     rate: float = float("inf")
     burstiness: float = 1.0
-    max_num_seqs: int = 256  # vLLM's default batch slots on a GPU
+    max_num_seqs: int = 1024  # vLLM v1's default for the API server on a >= 70 GB GPU
     max_batched_tokens: int = 8192
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
@@ -49,6 +50,8 @@ class SimSpec:
     queue_cap: int | None = None  # None: every request is queued (as `vllm bench serve` expects)
     deadline_s: float | None = None
     kill_replica_at_s: float | None = None  # replica 0 fails at this simulated time
+    prefill_gpus: int | None = None  # both set: a prefill pool and a decode pool (disaggregation)
+    decode_gpus: int | None = None
 
     def deployment(self) -> Deployment:
         try:
@@ -60,6 +63,15 @@ class SimSpec:
         dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype)
         if self.gpus % self.tp:
             raise SimConfigError(f"--gpus {self.gpus} is not a whole number of TP{self.tp} replicas")
+        if (self.prefill_gpus is None) != (self.decode_gpus is None):
+            raise SimConfigError("disaggregation needs both --prefill-gpus and --decode-gpus")
+        if self.prefill_gpus is not None and self.decode_gpus is not None:
+            p, d = self.prefill_gpus, self.decode_gpus
+            if p < self.tp or d < self.tp or p % self.tp or d % self.tp or p + d != self.gpus:
+                raise SimConfigError(
+                    f"--prefill-gpus {p} and --decode-gpus {d} must each be whole TP{self.tp} replicas "
+                    f"and add up to --gpus {self.gpus}"
+                )
         longest = int(self.input_tokens * (1 + self.input_range_ratio)) + int(self.output_tokens * (1 + self.input_range_ratio))
         if longest > model.cfg.max_position:
             raise SimConfigError(
@@ -91,22 +103,68 @@ def simulate(spec: SimSpec) -> dict[str, Any]:
 
     from engine.llm_engine import LLMEngine
 
-    replicas = [
-        SimReplica(i, LLMEngine(config, clock, sim_executor(dep, config)), loop, rec.finish)
-        for i in range(spec.gpus // spec.tp)
-    ]
-    router_config = RouterConfig(
-        queue_cap=spec.queue_cap or max(1, spec.num_requests), deadline_s=spec.deadline_s,
-        block_size=config.block_size, max_model_len=dep.model.cfg.max_position,
-    )
-    router = Router(replicas, router_config, clock, EventLog(clock), dispatch_thread=False)
     streams: dict[str, Any] = {}
+    first_tokens: dict[str, float] = {}  # disaggregated: the prefill replica's token time
+
+    def new_replica(i: int, on_finished: Any, transfer: Any = None) -> SimReplica:
+        # A decode replica finds the KV it is handed through its prefix cache (import_prefix).
+        cfg = config if transfer is None else config.replace(prefix_caching=True)
+        return SimReplica(i, LLMEngine(cfg, clock, sim_executor(dep, cfg)), loop, on_finished, transfer)
+
+    def new_router(pool: list[SimReplica], cap: int | None) -> Router:
+        router_config = RouterConfig(
+            queue_cap=cap or max(1, spec.num_requests), deadline_s=spec.deadline_s,
+            block_size=config.block_size, max_model_len=dep.model.cfg.max_position,
+        )
+        return Router(pool, router_config, clock, EventLog(clock), dispatch_thread=False)
+
+    def finished(seq: Any) -> None:
+        rec.finish(seq)
+        streams.pop(seq.request_id, None)  # its final TokenDelta is read off the Sequence here
+
+    if spec.prefill_gpus is None:
+        replicas = [new_replica(i, finished) for i in range(spec.gpus // spec.tp)]
+        router = new_router(replicas, spec.queue_cap)
+        decode_router = None
+    else:
+        assert spec.decode_gpus is not None
+        link = C.INTER_NODE_BW if spec.gpus > dep.device.gpus_per_node else dep.device.link_bw
+        per_token = dep.kv_bytes_per_token  # each GPU of the prefill group sends its shard to its peer
+
+        def transfer_s(tokens: int) -> float:
+            return tokens * per_token / link
+
+        def decoded(seq: Any) -> None:
+            rec.finish(seq, (first_tokens.pop(seq.request_id),))
+            streams.pop(seq.request_id, None)
+
+        def prefilled(seq: Any) -> None:
+            streams.pop(seq.request_id, None)
+            left = decode_left.pop(seq.request_id)
+            if left == 0 or seq.finish_reason == "abort":
+                rec.finish(seq)
+                return
+            first_tokens[seq.request_id] = seq.times.first_token
+            params = SamplingParams(temperature=0, max_tokens=left, ignore_eos=True)
+            streams[seq.request_id] = decode_router.submit(seq.request_id, seq.token_ids, params)  # type: ignore[union-attr]
+            decode_router.dispatch_once()  # type: ignore[union-attr]
+
+        n_prefill = spec.prefill_gpus // spec.tp
+        prefill = [new_replica(i, prefilled) for i in range(n_prefill)]
+        decode = [new_replica(n_prefill + i, decoded, transfer_s) for i in range(spec.decode_gpus // spec.tp)]
+        replicas = prefill + decode
+        router = new_router(prefill, spec.queue_cap)
+        decode_router = new_router(decode, None)
+    decode_left: dict[str, int] = {}
     refused: dict[str, str] = {}
     vocab = dep.model.cfg.vocab_size
 
     def arrive(r: Any) -> None:
         arrived[0] += 1
-        params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
+        max_tokens = r.max_tokens
+        if decode_router is not None:  # the prefill pool computes the prompt and the first token
+            decode_left[r.request_id], max_tokens = r.max_tokens - 1, 1
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         try:
             streams[r.request_id] = router.submit(r.request_id, r.token_ids(vocab), params)
         except AdmissionError as err:
@@ -115,12 +173,15 @@ def simulate(spec: SimSpec) -> dict[str, Any]:
 
     arrived = [0]
 
+    routers = [router] if decode_router is None else [router, decode_router]
+
     def open_requests() -> bool:
-        busy = any(r.busy for r in replicas)
-        return arrived[0] < len(requests) or len(router.queue) > 0 or busy
+        busy = any(r.busy for r in replicas) or any(len(rt.queue) for rt in routers)
+        return arrived[0] < len(requests) or busy
 
     def poll() -> bool:
-        router.dispatch_once()
+        for rt in routers:
+            rt.dispatch_once()
         return open_requests()
 
     for r in requests:
@@ -140,6 +201,7 @@ def simulate(spec: SimSpec) -> dict[str, Any]:
         "kv_usage_max": max(r.kv_usage_max for r in replicas),
         "preemptions": sum(r.engine.scheduler.num_preemptions for r in replicas),
         "replicas": len(replicas),
+        "prefill_replicas": 0 if decode_router is None else spec.prefill_gpus // spec.tp,
         "simulated_s": clock.now(),
         "wall_s": wall_s,
         "sim_s_per_wall_s": clock.now() / wall_s,
