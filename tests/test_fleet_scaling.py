@@ -42,10 +42,9 @@ class StandIn:
 
 @pytest.fixture
 def fleet(monkeypatch: pytest.MonkeyPatch) -> Fleet:
-    monkeypatch.setattr(fleet_module, "ReplicaHandle", StandIn)
     monkeypatch.setattr(fleet_module, "load_tokenizer", lambda path: None)  # no model is read at all
     monkeypatch.setattr(fleet_module, "context_length", lambda path: 2048)
-    fleet = Fleet(EngineConfig(), RouterConfig(), FleetConfig(replicas=1, warm_pool=1, provision_delay_s=0.3))
+    fleet = Fleet(EngineConfig(), RouterConfig(), FleetConfig(replicas=1, warm_pool=1, provision_delay_s=0.3), StandIn)
     yield fleet
     fleet.stop()
 

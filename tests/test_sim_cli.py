@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from engine.sim.__main__ import CONTRACT_KEYS, main
+from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.run import SimSpec, simulate
 
 SMALL = ["run", "--model", "llama-3.1-8b", "--device", "h100", "--gpus", "2", "--tp", "1", "--dtype", "fp8",
@@ -85,3 +86,24 @@ def test_the_module_entry_point_prints_one_json_object():
     bad = subprocess.run([sys.executable, "-m", "engine.sim", "run", "--model", "x", "--device", "h100"],
                          check=False, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown model" in bad.stderr
+
+
+def test_disaggregated_pools_hand_the_kv_over_and_finish_everything():
+    common = {"model": "llama-3.1-8b", "device": "h200", "gpus": 4, "tp": 1, "dtype": "fp8", "input_tokens": 2000,
+              "output_tokens": 50, "num_requests": 60, "rate": 20.0, "seed": 2}
+    colocated = simulate(SimSpec(**common))
+    split = simulate(SimSpec(**common, prefill_gpus=1, decode_gpus=3))
+    assert split["completed"] == colocated["completed"] == 60
+    assert split["prefill_replicas"] == 1 and split["replicas"] == 4
+    assert split["kv_blocks_free_at_end"]
+    # Decode replicas never recompute the prompt (they find its KV through their prefix cache):
+    # no gap between tokens is as long as one 2000-token prefill step.
+    dep = SimSpec(**common).deployment()
+    prefill_s = CostModel(dep).step(StepShape(2000, 1, 0, 0, 2000 * 2001 / 2, 0)).total_s
+    assert split["itl_p99_s"] < prefill_s / 2
+
+
+def test_a_split_that_is_not_whole_replicas_exits_2(capsys):
+    argv = SMALL + ["--prefill-gpus", "1", "--decode-gpus", "2"]
+    assert main(argv) == 2
+    assert "add up to --gpus 2" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.events import EventLog
 from engine.serving.metrics import MetricsBus
 from engine.serving.replica import ReplicaHandle
+from engine.serving.replica_api import ReplicaFactory
 from engine.serving.router import AdmissionError, Router, RouterConfig
 
 log = logging.getLogger("servelab.fleet")
@@ -64,7 +65,16 @@ class Fleet:
     and refills the pool in the background. replica_states() shows pool replicas as "warm"
     (loaded) or "warming" (provisioning or loading), and serving orders as "provisioning"."""
 
-    def __init__(self, engine_config: EngineConfig, router_config: RouterConfig, fleet_config: FleetConfig) -> None:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        router_config: RouterConfig,
+        fleet_config: FleetConfig,
+        replica_factory: ReplicaFactory | None = None,
+    ) -> None:
+        """replica_factory(replica_id, config, cores=, on_message=) makes each replica; None: a
+        ReplicaHandle (a live replica process)."""
+        self.replica_factory: ReplicaFactory = replica_factory or ReplicaHandle
         path = engine_config.model or str(default_gguf_path())
         self.model_name = DEFAULT_MODEL_NAME if engine_config.model is None else Path(path).stem
         self.tokenizer: ChatTokenizer = load_tokenizer(path)
@@ -110,7 +120,7 @@ class Fleet:
         """A new replica process: serving (the router sees it once ready), or into the warm pool
         (no metrics until promoted, so idle pool replicas do not dilute the fleet's utilisation)."""
         on_message = self.bus.observe if serve else None
-        replica = ReplicaHandle(self._next_id, self.engine_config, cores=cores, on_message=on_message)
+        replica = self.replica_factory(self._next_id, self.engine_config, cores=cores, on_message=on_message)
         self._cores[replica.replica_id] = cores
         self._next_id += 1
         if serve:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -74,3 +75,7 @@ class Replica(Protocol):
     def drain(self) -> None: ...
 
     def stop(self) -> None: ...
+
+
+# Fleet's seam: (replica_id, engine config, cores=..., on_message=...) -> a replica of either kind.
+ReplicaFactory = Callable[..., Any]

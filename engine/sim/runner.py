@@ -15,6 +15,26 @@ from engine.sim.deployment import Deployment
 SIM_TOKEN = 100
 
 
+def step_shape(batch: SchedulerOutput) -> tuple[StepShape, dict[str, int]]:
+    """The sums the cost model prices, and a token for every sequence that samples this step
+    (read before the step runs: num_computed_tokens is each sequence's context so far)."""
+    tokens: dict[str, int] = {}
+    num_tokens = num_decodes = decode_ctx = prefill_ctx = 0
+    prefill_attn = 0.0
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        done = seq.num_computed_tokens
+        num_tokens += n
+        if n == 1:
+            num_decodes += 1
+            decode_ctx += done + 1
+        else:
+            prefill_ctx += done
+            prefill_attn += n * (done + (n + 1) / 2)
+        if done + n == seq.num_tokens:
+            tokens[seq.request_id] = SIM_TOKEN
+    return StepShape(num_tokens, len(tokens), num_decodes, decode_ctx, prefill_attn, prefill_ctx), tokens
+
+
 class CostModelRunner:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
@@ -22,21 +42,7 @@ class CostModelRunner:
         self.busy_s = 0.0  # predicted time spent in steps, for utilisation
 
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
-        tokens: dict[str, int] = {}
-        num_tokens = num_decodes = decode_ctx = prefill_ctx = 0
-        prefill_attn = 0.0
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            done = seq.num_computed_tokens
-            num_tokens += n
-            if n == 1:
-                num_decodes += 1
-                decode_ctx += done + 1
-            else:
-                prefill_ctx += done
-                prefill_attn += n * (done + (n + 1) / 2)
-            if done + n == seq.num_tokens:
-                tokens[seq.request_id] = SIM_TOKEN
-        shape = StepShape(num_tokens, len(tokens), num_decodes, decode_ctx, prefill_attn, prefill_ctx)
+        shape, tokens = step_shape(batch)
         self.last_cost = self.cost.step(shape)
         self.busy_s += self.last_cost.total_s
         return tokens
