@@ -6,10 +6,10 @@ replicas, clients arriving from the load generator's processes, all on one event
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from engine.clock import stopwatch
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from engine.serving.events import EventLog
@@ -88,7 +88,7 @@ class SimSpec:
 
 def simulate(spec: SimSpec) -> dict[str, Any]:
     """Run the workload to its end; raises SimConfigError for a configuration that cannot run."""
-    wall = time.perf_counter()
+    elapsed = stopwatch()
     dep = spec.deployment()
     config = spec.engine_config()
     loop = EventLoop()
@@ -193,7 +193,7 @@ def simulate(spec: SimSpec) -> dict[str, Any]:
 
     _take_errors(streams, rec.finished, refused)
     result = summarize(rec, clock.now(), spec.gpus)
-    wall_s = time.perf_counter() - wall
+    wall_s = elapsed()
     reasons: dict[str, int] = {}
     for reason in refused.values():
         reasons[reason] = reasons.get(reason, 0) + 1
