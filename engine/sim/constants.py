@@ -70,9 +70,3 @@ ACTIVATION_BYTES = 2  # bf16 activations on a GPU (the live CPU engine plans flo
 DTYPE_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + 1 / 16}
 # Embeddings and the LM head stay in bf16 in ModelOpt FP8/FP4 checkpoints.
 EMBED_BYTES = 2.0
-
-# Model load on scale-out: weight bytes / storage bandwidth (a lever; NVMe ~ 5 GB/s per node).
-STORAGE_BW = 5 * GB
-# TTFT/TPOT goodput SLOs when none are given: MLPerf's Llama2-70B server limits.
-DEFAULT_TTFT_SLO_MS = 2000.0
-DEFAULT_TPOT_SLO_MS = 200.0

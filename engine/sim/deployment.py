@@ -77,11 +77,6 @@ class Deployment:
         """K and V of one token on one GPU (its KV heads only)."""
         return self.shard_cfg.kv_bytes_per_token * C.DTYPE_BYTES[self.kv_dtype]
 
-    @property
-    def model_load_s(self) -> float:
-        """A cold replica's weight load: its GPUs' share of the weights at the storage bandwidth."""
-        return self.weight_bytes / C.STORAGE_BW
-
     def plan_memory(self, config: EngineConfig, free_fraction: float | None = None) -> MemoryPlan:
         """Per GPU: free_fraction * (memory - weights/TP - activations - runtime reserve) -> KV
         blocks, through the live engine's own plan_budget."""

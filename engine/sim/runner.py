@@ -39,12 +39,10 @@ class CostModelRunner:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
         self.last_cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        self.busy_s = 0.0  # predicted time spent in steps, for utilisation
 
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
         shape, tokens = step_shape(batch)
         self.last_cost = self.cost.step(shape)
-        self.busy_s += self.last_cost.total_s
         return tokens
 
     def forget(self, request_id: str) -> None:
