@@ -112,7 +112,8 @@ def nelder_mead(f, x0: np.ndarray, steps: int = 600, scale: float = 0.5) -> np.n
 
 
 def main() -> None:
-    config = EngineConfig(dtype="bfloat16", max_num_seqs=64, max_batched_tokens=512)
+    # No prefix caching: a repeat of the grid must compute every step again, not hit the cache.
+    config = EngineConfig(dtype="bfloat16", max_num_seqs=64, max_batched_tokens=512, prefix_caching=False)
     samples, memory = measure(config)
     memory_gb = config.memory_cap_mb / 1024
     x0 = np.log([5e10, 1e10, 0.3, 2e-3])

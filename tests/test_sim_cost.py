@@ -104,3 +104,17 @@ def test_a_simulated_engine_runs_the_engines_own_scheduler_and_block_manager():
     assert type(engine.kv) is BlockManager
     assert isinstance(engine.runner, CostModelRunner)
     assert engine.model is None and engine.tokenizer is None  # no weights, no tokenizer
+
+
+def test_the_cpu_device_is_the_committed_calibration():
+    import json
+
+    from engine.sim.devices import CPU_CALIBRATION
+
+    fit = json.loads(CPU_CALIBRATION.read_text())
+    cpu = get_device("CPU")
+    assert cpu.peak_flops["bf16"] == fit["device"]["flops"] and cpu.mem_bw == fit["device"]["mem_bw"]
+    assert {"date", "command", "median_abs_error"} <= set(fit)
+    # SmolLM2 on this machine: the live engine's own KV plan (2 GB cap, float32 activations).
+    plan = Deployment(get_model("smollm2-135m"), cpu).plan_memory(EngineConfig(max_num_seqs=64, max_batched_tokens=512))
+    assert plan.num_blocks > 1000
