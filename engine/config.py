@@ -9,6 +9,11 @@ from typing import Any
 from engine.errors import InvalidParamError
 
 DTYPES = ("float32", "bfloat16", "float16")
+# How the scheduler admits against KV memory. "greedy" (vLLM): a prompt's blocks are enough, and
+# when decodes outgrow the cache the newest sequence is preempted and recomputed. "reserve"
+# (TensorRT-LLM's GUARANTEED_NO_EVICT): admit only when the prompt + max_tokens of it and of
+# every running sequence fit, so nothing is ever preempted, at the cost of a smaller batch.
+ADMISSION_POLICIES = ("greedy", "reserve")
 # What a running engine takes without a rebuild (LLMEngine.reconfigure): the scheduler reads them.
 IN_PLACE_FIELDS = frozenset({"max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "starvation_s"})
 
@@ -30,6 +35,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's context length
     # Fairness: a waiter older than this gets one reserved admission slot per step.
     starvation_s: float = 5.0
+    admission: str = "greedy"  # ADMISSION_POLICIES
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     # Ranks (processes) one replica's model is split across (engine/distributed.py); at most the
     # model's KV heads. memory_cap_mb applies to each rank.
@@ -57,6 +63,8 @@ class EngineConfig:
             raise InvalidParamError("memory_cap_mb", "must be positive")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise InvalidParamError("max_model_len", "must be positive")
+        if self.admission not in ADMISSION_POLICIES:
+            raise InvalidParamError("admission", f"must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
         if self.starvation_s < 0:
             raise InvalidParamError("starvation_s", "must not be negative")
 

@@ -9,7 +9,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import InvalidParamError
-from engine.model.llama import Llama
+from engine.model.llama import Llama, LlamaConfig
 
 MB = 1024 * 1024
 
@@ -24,6 +24,7 @@ class MemoryPlan:
     bytes_per_block: int
     block_size: int
     num_blocks: int
+    reserve_bytes: int = 0  # runtime and collective buffers a GPU keeps (simulated devices)
 
     @property
     def num_kv_tokens(self) -> int:
@@ -32,8 +33,9 @@ class MemoryPlan:
     def describe(self) -> str:
         return (
             f"KV budget {self.kv_budget_bytes / MB:.0f} MB (cap {self.cap_bytes / MB:.0f} MB - weights "
-            f"{self.weight_bytes / MB:.0f} MB - activations {self.activation_bytes / MB:.0f} MB): "
-            f"{self.num_blocks} blocks of {self.block_size} tokens = {self.num_kv_tokens} tokens"
+            f"{self.weight_bytes / MB:.0f} MB - activations {self.activation_bytes / MB:.0f} MB"
+            + (f" - reserve {self.reserve_bytes / MB:.0f} MB" if self.reserve_bytes else "")
+            + f"): {self.num_blocks} blocks of {self.block_size} tokens = {self.num_kv_tokens} tokens"
         )
 
 
@@ -44,30 +46,52 @@ def weight_footprint(model: Llama) -> tuple[int, int]:
     return param_bytes + model.packed_bytes(), param_bytes
 
 
-def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> MemoryPlan:
-    """model.cfg is this rank's shard under tensor parallelism: its weights and KV heads only."""
-    cfg = model.cfg
-    elem = torch.finfo(dtype).bits // 8
-    weight_bytes, param_bytes = weight_footprint(model)
-    # Widest per-token activations of one layer (qkv, gate/up, SwiGLU product, residuals), in
-    # float32 to be safe, for a full token budget; plus float32 logits for every sampled row.
-    per_token = 4 * (
+def activation_bytes(config: EngineConfig, cfg: LlamaConfig, elem: float = 4) -> int:
+    """Widest per-token activations of one layer (qkv, gate/up, SwiGLU product, residuals) for a
+    full token budget, plus the logits of every sampled row (float32); elem is the activations'
+    element size (the live CPU engine plans float32 to be safe)."""
+    per_token = elem * (
         3 * cfg.hidden_size + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim + 3 * cfg.intermediate_size
     )
-    activation_bytes = config.max_batched_tokens * per_token + 2 * config.max_num_seqs * cfg.vocab_size * 4
-    cap = int(config.memory_cap_mb * MB)
+    return int(config.max_batched_tokens * per_token + 2 * config.max_num_seqs * cfg.vocab_size * 4)
+
+
+def plan_budget(
+    config: EngineConfig,
+    cfg: LlamaConfig,
+    weight_bytes: int,
+    param_bytes: int,
+    kv_elem_bytes: float,
+    cap: int,
+    activations: int,
+    reserve_bytes: int = 0,
+    free_fraction: float = 1.0,
+) -> MemoryPlan:
+    """The one KV plan, live and simulated: budget = free_fraction * (cap - weights - activations -
+    reserve) unless kv_budget_mb names it; cfg is this rank's shard (its KV heads only)."""
     if config.kv_budget_mb is not None:
         budget = int(config.kv_budget_mb * MB)
     else:
-        budget = cap - weight_bytes - activation_bytes
-    bytes_per_block = cfg.kv_bytes_per_token * elem * config.block_size
+        budget = int(free_fraction * (cap - weight_bytes - activations - reserve_bytes))
+    bytes_per_block = int(cfg.kv_bytes_per_token * kv_elem_bytes * config.block_size)
     num_blocks = budget // bytes_per_block
     if num_blocks < 1:
         raise InvalidParamError(
             "kv_budget_mb" if config.kv_budget_mb is not None else "memory_cap_mb",
             f"leaves no room for one KV block of {bytes_per_block} bytes",
         )
-    return MemoryPlan(cap, weight_bytes, param_bytes, activation_bytes, budget, bytes_per_block, config.block_size, num_blocks)
+    return MemoryPlan(
+        cap, weight_bytes, param_bytes, activations, budget, bytes_per_block, config.block_size, num_blocks, reserve_bytes
+    )
+
+
+def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> MemoryPlan:
+    """model.cfg is this rank's shard under tensor parallelism: its weights and KV heads only."""
+    cfg = model.cfg
+    weight_bytes, param_bytes = weight_footprint(model)
+    cap = int(config.memory_cap_mb * MB)
+    elem = torch.finfo(dtype).bits // 8
+    return plan_budget(config, cfg, weight_bytes, param_bytes, elem, cap, activation_bytes(config, cfg))
 
 
 def copy_bandwidth_gbs(device: str = "cpu", num_bytes: int = 64 * MB, repeats: int = 5) -> float:

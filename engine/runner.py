@@ -90,6 +90,9 @@ class ModelRunner:
                 to_sample[r].output_logprobs.append(lp)
         return dict(zip(ids, tokens))
 
+    def forget(self, request_id: str) -> None:
+        self.sampler.forget(request_id)
+
     def _prepare(
         self, decodes: list[tuple[Sequence, int]], prefills: list[tuple[Sequence, int]]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, blocks_for
 from engine.clock import Clock
 from engine.config import EngineConfig
 from engine.contiguous_allocator import ContiguousAllocator
@@ -62,7 +62,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_batched_tokens
         for seq in list(self.running):
-            if seq not in self.running:  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = self._tokens_to_run(seq, budget, first=not out.seqs)
             if n == 0:
@@ -87,28 +87,39 @@ class Scheduler:
         return remaining if remaining <= budget or first else 0
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            return  # no room: skip sorting the waiters (thousands of them in a flood)
         now = self.clock.now()
-        order = sorted(
-            self.waiting, key=lambda s: (s.priority - AGING_PER_SECOND * (now - s.times.arrival), s.times.arrival)
-        )
+        # priority - AGING * (now - arrival) ranks waiters the same as priority + AGING * arrival:
+        # `now` shifts every key alike, so the key need not be recomputed as time passes.
+        order = sorted(self.waiting, key=lambda s: (s.priority + AGING_PER_SECOND * s.times.arrival, s.times.arrival))
         oldest = min(self.waiting, key=lambda s: s.times.arrival, default=None)
         starving = oldest is not None and now - oldest.times.arrival > self.config.starvation_s
         if starving:  # the reserved slot: nobody overtakes the oldest waiter past the bound
             order.remove(oldest)
             order.insert(0, oldest)
+        bs = self.kv.block_size
+        reserve = self.config.admission == "reserve"
+        unpromised = self._unpromised_blocks() if reserve else 0
         for seq in order:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             prefix = self.kv.find_cached_prefix(seq)
-            remaining = seq.num_tokens - len(prefix) * self.kv.block_size
+            remaining = seq.num_tokens - len(prefix) * bs
             n = min(remaining, budget) if self.config.chunked_prefill else remaining
             fits = n <= budget or not out.seqs
+            if reserve:
+                revived = sum(1 for b in prefix if self.kv.blocks[b].ref_count == 0)
+                fits = fits and blocks_for(seq.max_total_tokens, bs) - len(prefix) + revived <= unpromised
             if not fits or not self.kv.can_admit(prefix, n):
                 if starving and seq is oldest:
                     break  # hold everything back until the oldest waiter fits
                 continue
+            free_before = self.kv.num_free_blocks
             self.kv.admit(seq, prefix)
             assert self.kv.allocate(seq, n)
+            if reserve:
+                unpromised -= free_before - self.kv.num_free_blocks + self._growth(seq)
             self.waiting.remove(seq)
             self.running.append(seq)
             seq.status = SequenceStatus.RUNNING
@@ -117,6 +128,14 @@ class Scheduler:
             out.add(seq, n)
             out.admitted.append(seq)
             budget -= n
+
+    def _growth(self, seq: Sequence) -> int:
+        """Blocks seq may still take before it reaches prompt + max_tokens."""
+        return blocks_for(seq.max_total_tokens, self.kv.block_size) - len(seq.block_table)
+
+    def _unpromised_blocks(self) -> int:
+        """Free blocks less what every running sequence may still grow into."""
+        return self.kv.num_free_blocks - sum(self._growth(s) for s in self.running)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute-style preemption: drop the KV, requeue at the front, keep the tokens."""

@@ -121,3 +121,20 @@ def test_evicts_least_recently_freed_cached_block() -> None:
     bm.admit(c, [])
     assert bm.allocate(c, 7)  # needs both blocks: the cached one is evicted
     assert bm.cached == {}
+
+
+def test_imported_prefix_is_found_like_a_cache_hit() -> None:
+    """Disaggregated decode: the prompt's KV arrives from a prefill replica; admission then finds
+    every full block cached and computes only what is left."""
+    from engine.sampling_params import SamplingParams
+    from engine.sequence import RequestTimes, Sequence
+
+    kv = BlockManager(num_blocks=8, block_size=4)
+    prompt = list(range(10, 23))  # 13 tokens: 3 full blocks + 1
+    assert kv.import_prefix(prompt) == 3
+    assert kv.num_free_blocks == 8  # imported blocks are free (evictable) until a sequence holds them
+    seq = Sequence("r", prompt + [99], SamplingParams(max_tokens=4), RequestTimes(arrival=0.0))
+    prefix = kv.find_cached_prefix(seq)
+    assert len(prefix) == 3
+    kv.admit(seq, prefix)
+    assert seq.num_computed_tokens == 12 and kv.num_free_blocks == 5

@@ -23,7 +23,7 @@ class StandIn:
     def __init__(self, replica_id: int, config: EngineConfig, cores: list[int] | None = None, **kw: Any) -> None:
         self.replica_id, self.config, self.cores = replica_id, config, cores
         self.on_message = kw.get("on_message")
-        self.state, self.stats, self.error, self.num_in_flight = "starting", {}, None, 0
+        self.state, self.stats, self.error, self.num_in_flight = "starting", None, None, 0
         self.process = SimpleNamespace(is_alive=lambda: False)
 
     def drain(self) -> None:
@@ -42,10 +42,9 @@ class StandIn:
 
 @pytest.fixture
 def fleet(monkeypatch: pytest.MonkeyPatch) -> Fleet:
-    monkeypatch.setattr(fleet_module, "ReplicaHandle", StandIn)
     monkeypatch.setattr(fleet_module, "load_tokenizer", lambda path: None)  # no model is read at all
     monkeypatch.setattr(fleet_module, "context_length", lambda path: 2048)
-    fleet = Fleet(EngineConfig(), RouterConfig(), FleetConfig(replicas=1, warm_pool=1, provision_delay_s=0.3))
+    fleet = Fleet(EngineConfig(), RouterConfig(), FleetConfig(replicas=1, warm_pool=1, provision_delay_s=0.3), StandIn)
     yield fleet
     fleet.stop()
 

@@ -57,7 +57,7 @@ def test_streams_match_offline_greedy_and_share_step_messages(replica: ReplicaHa
         assert all(isinstance(d, TokenDelta) for d in deltas)
         assert [t for d in deltas for t in d.token_ids] == expected.token_ids
         assert "".join(d.text for d in deltas) == expected.text
-        assert deltas[-1].finish_reason == "length" and deltas[-1].times["first_token"] is not None
+        assert deltas[-1].finish_reason == "length" and deltas[-1].times.first_token is not None
     # One message per step carries both requests' tokens, not one message per token.
     assert replica.num_token_messages - messages_before <= GREEDY.max_tokens + 2
 
@@ -73,7 +73,7 @@ def test_abort_frees_blocks_and_bad_input_names_the_field(replica: ReplicaHandle
     replica.abort("long")
     last = collect(long)[-1]
     assert isinstance(last, TokenDelta) and last.finish_reason == "abort"
-    assert wait_for(lambda: replica.stats.get("kv_used_blocks") == 0 and replica.stats.get("running") == 0, 5)
+    assert wait_for(lambda: replica.stats is not None and replica.stats.kv_used_blocks == 0 and replica.stats.running == 0, 5)
 
 
 def test_sigkill_fails_in_flight_streams_within_two_seconds(llm_fp32: LLM) -> None:

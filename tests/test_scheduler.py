@@ -125,3 +125,21 @@ def test_static_batches_run_to_completion_before_the_next_forms() -> None:
         assert c not in out.admitted
     out = fake_step(sched)
     assert out.admitted == [c]
+
+
+def test_reserve_admission_never_preempts_where_greedy_does() -> None:
+    """Six requests of 4 prompt + 12 output tokens (4 blocks each at the end) on 12 blocks:
+    greedy admits all six on their prompts and preempts as they grow; reserve (TensorRT-LLM's
+    guaranteed-no-evict) admits three, whose whole length fits, and preempts nothing."""
+    for policy, admitted_first, preempts in (("greedy", 6, True), ("reserve", 3, False)):
+        clock = VirtualClock()
+        sched = make(12, clock, admission=policy, prefix_caching=False, max_batched_tokens=64)
+        seqs = [seq(f"r{i}", 4, clock, max_tokens=12) for i in range(6)]
+        for s in seqs:
+            sched.add(s)
+        assert len(fake_step(sched).admitted) == admitted_first
+        while sched.running or sched.waiting:
+            fake_step(sched)
+        assert (sched.num_preemptions > 0) is preempts
+        assert all(len(s.output_token_ids) == 12 for s in seqs)
+        assert sched.kv.num_free_blocks == 12

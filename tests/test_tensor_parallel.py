@@ -68,7 +68,7 @@ def test_sigstop_one_rank_fails_the_group_within_15_s(hf_reference: dict[str, An
     pids: list[int] = []
     try:
         assert handle.wait_ready(240), handle.error
-        pids = handle.stats["tp_rank_pids"]
+        pids = handle.stats.facts["tp_rank_pids"]
         assert len(pids) == 2 and pids[0] == handle.process.pid
         prompt = hf_reference["prompts"][0]["prompt_ids"]
         events = handle.submit("doomed", prompt, SamplingParams(max_tokens=2000, ignore_eos=True))

@@ -80,11 +80,9 @@ _GGUF_NAMES = {
 }
 
 
-def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
-    """The model's config and its dequantized float32 tensors, Q/K rows in HF's order."""
-    import gguf
-
-    info = read_gguf_metadata(path)
+def gguf_config(path: Path, info: dict | None = None) -> LlamaConfig:
+    """The model's shape from a GGUF file's metadata alone (no tensor is read)."""
+    info = info or read_gguf_metadata(path)
     reader, meta = info["reader"], info["meta"]
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
@@ -92,7 +90,7 @@ def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     num_heads = int(meta["llama.attention.head_count"])
     hidden = int(meta["llama.embedding_length"])
     eos = meta.get("tokenizer.ggml.eos_token_id")
-    cfg = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(meta["tokenizer.ggml.tokens"]),
         hidden_size=hidden,
         intermediate_size=int(meta["llama.feed_forward_length"]),
@@ -107,6 +105,15 @@ def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=[] if eos is None else [int(eos)],
     )
+
+
+def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """The model's config and its dequantized float32 tensors, Q/K rows in HF's order."""
+    import gguf
+
+    info = read_gguf_metadata(path)
+    reader = info["reader"]
+    cfg = gguf_config(path, info)
     tensors: dict[str, torch.Tensor] = {}
     for t in tqdm(reader.tensors, desc=f"loading {path.name}", unit="tensor", file=sys.stderr, leave=False):
         array = gguf.quants.dequantize(t.data, t.tensor_type)

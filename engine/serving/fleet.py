@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.clock import WALL_CLOCK
+from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
 from engine.model.gguf_file import context_length
 from engine.model.paths import DEFAULT_MODEL_NAME, default_gguf_path
@@ -21,6 +21,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.events import EventLog
 from engine.serving.metrics import MetricsBus
 from engine.serving.replica import ReplicaHandle
+from engine.serving.replica_api import ReplicaFactory
 from engine.serving.router import AdmissionError, Router, RouterConfig
 
 log = logging.getLogger("servelab.fleet")
@@ -64,18 +65,30 @@ class Fleet:
     and refills the pool in the background. replica_states() shows pool replicas as "warm"
     (loaded) or "warming" (provisioning or loading), and serving orders as "provisioning"."""
 
-    def __init__(self, engine_config: EngineConfig, router_config: RouterConfig, fleet_config: FleetConfig) -> None:
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        router_config: RouterConfig,
+        fleet_config: FleetConfig,
+        replica_factory: ReplicaFactory | None = None,
+        clock: Clock = WALL_CLOCK,
+    ) -> None:
+        """replica_factory(replica_id, config, cores=, on_message=) makes each replica; None: a
+        ReplicaHandle (a live replica process). clock: what the fleet, its router, bus and event
+        log read time from."""
+        self.replica_factory: ReplicaFactory = replica_factory or ReplicaHandle
+        self.clock = clock
         path = engine_config.model or str(default_gguf_path())
         self.model_name = DEFAULT_MODEL_NAME if engine_config.model is None else Path(path).stem
         self.tokenizer: ChatTokenizer = load_tokenizer(path)
         self.engine_config = engine_config
         self.fleet_config = fleet_config
-        self.events = EventLog()
-        self.bus = MetricsBus(events=self.events)
+        self.events = EventLog(clock)
+        self.bus = MetricsBus(clock, events=self.events)
         router_config.block_size = engine_config.block_size
         self.context_length = context_length(Path(path))
         router_config.max_model_len = min(engine_config.max_model_len or self.context_length, self.context_length)
-        self.router = Router([], router_config, events=self.events)
+        self.router = Router([], router_config, clock, events=self.events)
         self.replicas: list[ReplicaHandle] = []  # serving, or starting to
         self.retiring: list[ReplicaHandle] = []  # draining: no new work, finishing their residents
         self.warm: list[ReplicaHandle] = []  # the warm pool: loaded (or loading), idle, not routed to
@@ -110,7 +123,7 @@ class Fleet:
         """A new replica process: serving (the router sees it once ready), or into the warm pool
         (no metrics until promoted, so idle pool replicas do not dilute the fleet's utilisation)."""
         on_message = self.bus.observe if serve else None
-        replica = ReplicaHandle(self._next_id, self.engine_config, cores=cores, on_message=on_message)
+        replica = self.replica_factory(self._next_id, self.engine_config, cores=cores, on_message=on_message)
         self._cores[replica.replica_id] = cores
         self._next_id += 1
         if serve:
@@ -248,8 +261,8 @@ class Fleet:
         self._subscribers.append(callback)
 
     def _publish(self) -> None:
-        period, due = 1.0 / SNAPSHOT_HZ, WALL_CLOCK.now()
-        while not self._drained.wait(max(0.0, (due := due + period) - WALL_CLOCK.now())):
+        period, due = 1.0 / SNAPSHOT_HZ, self.clock.now()
+        while not self._drained.wait(max(0.0, (due := due + period) - self.clock.now())):
             self._watch_replicas()
             if self._subscribers:
                 snap = self.snapshot()
@@ -273,7 +286,7 @@ class Fleet:
                         replica=replica.replica_id,
                         state=replica.state,
                     )
-            now = WALL_CLOCK.now()
+            now = self.clock.now()
             for replica in [r for r in self.replicas if r.state == "failed"]:
                 # A failed replica (or shard group) stays on the charts a while, then leaves the set
                 # whole; the autoscaler sees the lost capacity and orders a fresh one.
@@ -341,13 +354,13 @@ class Fleet:
         then stop every replica process."""
         self.draining = True
         self.set_warm_pool(0)
-        deadline = WALL_CLOCK.now() + self.fleet_config.drain_timeout_s
+        deadline = self.clock.now() + self.fleet_config.drain_timeout_s
         pause = threading.Event()
-        while WALL_CLOCK.now() < deadline and len(self.router.queue):  # queued work still goes out
+        while self.clock.now() < deadline and len(self.router.queue):  # queued work still goes out
             pause.wait(0.05)
         for replica in self.replicas:
             replica.drain()
-        while WALL_CLOCK.now() < deadline and any(r.state == "draining" for r in self.replicas + self.retiring):
+        while self.clock.now() < deadline and any(r.state == "draining" for r in self.replicas + self.retiring):
             pause.wait(0.05)
         self.stop()
 

@@ -168,8 +168,8 @@ class LiveLab:
     def facts(self) -> dict[str, Any]:
         """What the first reporting replica measured about itself (weights, KV, bandwidth)."""
         for replica in list(self.fleet.replicas):
-            if replica.stats.get("param_bytes"):
-                return replica.stats
+            if replica.stats is not None and replica.stats.facts.get("param_bytes"):
+                return replica.stats.facts
         return {}
 
     def live_state(self) -> dict[str, Any]:

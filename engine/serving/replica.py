@@ -35,10 +35,11 @@ from engine.serving.messages import (
     Stop,
     TokenDelta,
 )
+from engine.serving.replica_api import ReplicaState, ReplicaStats
 
 log = logging.getLogger("servelab.replica")
 
-STATES = ("starting", "ready", "draining", "stopped", "failed")
+STATES = tuple(ReplicaState)
 
 
 def replica_main(
@@ -199,8 +200,8 @@ class ReplicaHandle:
         # rank 0's step, so a tighter watchdog (behind the collectives' own timeout) fails it fast.
         self.step_timeout_s = step_timeout_s if config.tensor_parallel == 1 else min(step_timeout_s, STEP_TIMEOUT_S)
         self.step_started: float | None = None
-        self.state = "starting"
-        self.stats: dict[str, Any] = {}
+        self.state = ReplicaState.STARTING
+        self.stats: ReplicaStats | None = None  # the latest step's, once it reports
         self.error: str | None = None
         self.num_token_messages = 0  # step messages that carried tokens
         self._inbox = ctx.Queue()
@@ -238,7 +239,7 @@ class ReplicaHandle:
         benchmark driving one replica) leaves it out, and then the hand-off is the arrival."""
         events = queue.Queue() if events is None else events
         with self._lock:
-            if self.state != "ready":
+            if self.state != ReplicaState.READY:
                 events.put(RequestError(request_id, None, f"replica {self.replica_id} is {self.state}"))
                 return events
             self._streams[request_id] = events
@@ -256,8 +257,8 @@ class ReplicaHandle:
 
     def drain(self) -> None:
         with self._lock:
-            if self.state == "ready":
-                self.state = "draining"
+            if self.state == ReplicaState.READY:
+                self.state = ReplicaState.DRAINING
         self._inbox.put(Drain())
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -271,7 +272,7 @@ class ReplicaHandle:
 
     def wait_ready(self, timeout: float = 120.0) -> bool:
         self._ready.wait(timeout)
-        return self.state == "ready"
+        return self.state == ReplicaState.READY
 
     @property
     def num_in_flight(self) -> int:
@@ -309,11 +310,11 @@ class ReplicaHandle:
                 if events is not None:
                     events.put(error)
             if msg.stats:
-                self.stats = msg.stats
+                self.stats = ReplicaStats.from_dict(msg.stats)
             if msg.state == "failed":
                 self.error = msg.stats.get("error")
-            if not (self.state == "draining" and msg.state == "ready"):
-                self.state = msg.state
+            if not (self.state == ReplicaState.DRAINING and msg.state == ReplicaState.READY):
+                self.state = ReplicaState(msg.state)
         if msg.state in ("ready", "failed", "stopped"):
             self._ready.set()
         if msg.state in ("stopped", "failed"):
@@ -322,7 +323,7 @@ class ReplicaHandle:
     def _check_alive(self) -> None:
         if not self.process.is_alive():
             self._end("failed", f"replica {self.replica_id} died (exit code {self.process.exitcode})")
-        elif self.state == "starting":
+        elif self.state == ReplicaState.STARTING:
             return  # loading the model sends nothing for a while
         elif (now := WALL_CLOCK.now()) - self.last_seen > self.heartbeat_timeout_s:
             self.process.kill()  # frozen (e.g. SIGSTOP): fail it loudly rather than wait on it
@@ -333,8 +334,8 @@ class ReplicaHandle:
 
     def _end(self, state: str, reason: str) -> None:
         with self._lock:
-            if self.state != "stopped":
-                self.state = state
+            if self.state != ReplicaState.STOPPED:
+                self.state = ReplicaState(state)
             streams, self._streams = self._streams, {}
         for request_id, events in streams.items():
             events.put(RequestError(request_id, None, reason))

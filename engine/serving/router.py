@@ -21,7 +21,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.events import EventLog
 from engine.serving.messages import RequestError
 from engine.serving.rate_limit import RateLimiter
-from engine.serving.replica import ReplicaHandle
+from engine.serving.replica_api import ENDED, Replica, ReplicaState
 from engine.serving.request_queue import QueuedRequest, RequestQueue
 
 log = logging.getLogger("servelab.router")
@@ -55,11 +55,13 @@ class RouterConfig:
 class Router:
     def __init__(
         self,
-        replicas: list[ReplicaHandle],
+        replicas: list[Replica],
         config: RouterConfig,
         clock: Clock = WALL_CLOCK,
         events: EventLog | None = None,
+        dispatch_thread: bool = True,
     ) -> None:
+        """dispatch_thread=False: no thread; the caller runs dispatch_once() (the what-if loop)."""
         self.replicas = list(replicas)
         self.config = config
         self.clock = clock
@@ -73,7 +75,8 @@ class Router:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._dispatch_loop, name="router-dispatch", daemon=True)
-        self._thread.start()
+        if dispatch_thread:
+            self._thread.start()
 
     def submit(
         self,
@@ -134,7 +137,7 @@ class Router:
                 self.config.rate_limit = rate_limit or None
                 self.limiter = RateLimiter(self.config.rate_limit, self.clock)
 
-    def set_replicas(self, replicas: list[ReplicaHandle]) -> None:
+    def set_replicas(self, replicas: list[Replica]) -> None:
         """The replicas to dispatch to from now on (the fleet adds, retires or rebuilds them)."""
         with self._lock:
             self.replicas = list(replicas)
@@ -145,33 +148,44 @@ class Router:
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join(5)
+        if self._thread.is_alive():
+            self._thread.join(5)
 
     # dispatch ---------------------------------------------------------------------------------
 
+    DISPATCH_POLL_S = 0.01  # replicas free room without telling the router: it polls this often
+
     def _dispatch_loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.wait(0.01)  # replicas free room without telling us: poll briefly
+            self._wake.wait(self.DISPATCH_POLL_S)
             self._wake.clear()
-            with self._lock:
-                for expired in self.queue.take_expired():
-                    self._count("deadline", expired.request_id)
-                    expired.payload.put(RequestError(expired.request_id, None, "deadline passed while queued"))
-                if self.replicas and all(r.state in ("failed", "stopped") for r in self.replicas):
-                    while (stranded := self.queue.pop()) is not None:  # nothing will ever serve them
-                        self._count("no_replica", stranded.request_id)
-                        stranded.payload.put(RequestError(stranded.request_id, None, "no replica is available"))
-                while (head := self.queue.peek()) is not None:
-                    replica = self._pick(head)
-                    if replica is None:
-                        break
-                    self.queue.pop()
-                    self._remember_prefix(replica, head)
-                    replica.submit(
-                        head.request_id, head.prompt_token_ids, head.params, events=head.payload, arrival_time=head.arrival
-                    )
+            self.dispatch_once()
 
-    def _pick(self, request: QueuedRequest) -> ReplicaHandle | None:
+    def dispatch_once(self) -> int:
+        """One dispatch pass: answer expired and stranded requests, then commit the queue's head to
+        replicas with room until one has none. Returns how many requests were dispatched."""
+        dispatched = 0
+        with self._lock:
+            for expired in self.queue.take_expired():
+                self._count("deadline", expired.request_id)
+                expired.payload.put(RequestError(expired.request_id, None, "deadline passed while queued"))
+            if self.replicas and all(r.state in ENDED for r in self.replicas):
+                while (stranded := self.queue.pop()) is not None:  # nothing will ever serve them
+                    self._count("no_replica", stranded.request_id)
+                    stranded.payload.put(RequestError(stranded.request_id, None, "no replica is available"))
+            while (head := self.queue.peek()) is not None:
+                replica = self._pick(head)
+                if replica is None:
+                    break
+                self.queue.pop()
+                self._remember_prefix(replica, head)
+                replica.submit(
+                    head.request_id, head.prompt_token_ids, head.params, events=head.payload, arrival_time=head.arrival
+                )
+                dispatched += 1
+        return dispatched
+
+    def _pick(self, request: QueuedRequest) -> Replica | None:
         hashes = self._block_hashes(request)
         best, best_key = None, None
         for replica in self.replicas:
@@ -184,14 +198,13 @@ class Router:
                 best, best_key = replica, key
         return best
 
-    def _has_room(self, replica: ReplicaHandle, request: QueuedRequest) -> bool:
+    def _has_room(self, replica: Replica, request: QueuedRequest) -> bool:
         stats = replica.stats
-        if replica.state != "ready" or not stats:
+        if replica.state != ReplicaState.READY or stats is None:
             return False
-        if replica.num_in_flight >= stats["max_num_seqs"] or stats["waiting"] > 0:
+        if replica.num_in_flight >= stats.max_num_seqs or stats.waiting > 0:
             return False
-        free_blocks = stats["kv_total_blocks"] - stats["kv_used_blocks"]
-        return blocks_for(len(request.prompt_token_ids) + 1, self.config.block_size) <= free_blocks
+        return blocks_for(len(request.prompt_token_ids) + 1, self.config.block_size) <= stats.free_blocks
 
     def _block_hashes(self, request: QueuedRequest) -> list[bytes]:
         """Hashed once per request: the head of the queue is looked at on every dispatch poll."""
@@ -203,7 +216,7 @@ class Router:
             request.block_hashes = hashes
         return request.block_hashes
 
-    def _remember_prefix(self, replica: ReplicaHandle, request: QueuedRequest) -> None:
+    def _remember_prefix(self, replica: Replica, request: QueuedRequest) -> None:
         known = self._prefixes.setdefault(replica.replica_id, OrderedDict())
         for h in self._block_hashes(request):
             known[h] = None

@@ -1,0 +1,34 @@
+"""What an engine runs on, handed to LLMEngine: the model's shape, the KV plan and a runner.
+
+The live executor loads weights and a tokenizer (LLMEngine builds it when given none); the
+what-if executor (engine/sim) is a model spec, a device's memory plan and a cost model, with no
+weights and no tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from engine.memory import MemoryPlan
+from engine.model.llama import LlamaConfig
+from engine.model.tokenizer import ChatTokenizer
+from engine.scheduler import SchedulerOutput
+
+
+class Runner(Protocol):
+    def execute(self, batch: SchedulerOutput) -> dict[str, int]:
+        """Run one step; the new token of every sequence whose known tokens are all computed."""
+        ...
+
+    def forget(self, request_id: str) -> None:
+        """A request left: drop any per-request state (sampling generators)."""
+        ...
+
+
+@dataclass
+class Executor:
+    name: str  # what the startup log calls the model
+    model_cfg: LlamaConfig  # this rank's shard under tensor parallelism
+    memory: MemoryPlan
+    runner: Runner
+    tokenizer: ChatTokenizer | None = None  # None: token ids in, token ids out (no text)

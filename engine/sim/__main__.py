@@ -1,0 +1,100 @@
+"""`python -m engine.sim run --model M --device D --gpus G --tp T ... [--json]` (DESIGN.md's
+what-if contract). A configuration that cannot run exits 2 with the reason on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.sim.deployment import KV_DTYPES, WEIGHT_DTYPES, SimConfigError
+from engine.sim.run import SimSpec, simulate
+
+CONTRACT_KEYS = (
+    "output_tok_s", "output_tok_s_per_gpu", "request_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+    "itl_p99_s", "e2el_p50_s", "goodput_req_s", "kv_usage_max", "preemptions", "replicas", "simulated_s", "wall_s",
+)
+
+
+def _rate(text: str) -> float:
+    value = float(text)  # "inf" parses
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be positive or inf")
+    return value
+
+
+def _bool(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError("must be true or false")
+    return text.lower() == "true"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m engine.sim", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="simulate one serving run")
+    r.add_argument("--model", required=True, type=str.lower)
+    r.add_argument("--device", required=True, type=str.lower)
+    r.add_argument("--gpus", type=int, default=1)
+    r.add_argument("--tp", type=int, default=1)
+    r.add_argument("--dtype", type=str.lower, default="bf16", help=f"weights: {', '.join(WEIGHT_DTYPES)}")
+    r.add_argument("--kv-dtype", type=str.lower, default=None, help=f"{', '.join(KV_DTYPES)} (default: as --dtype)")
+    r.add_argument("--input-tokens", type=int, default=1000)
+    r.add_argument("--output-tokens", type=int, default=1000)
+    r.add_argument("--input-range-ratio", type=float, default=0.0)
+    r.add_argument("--num-requests", type=int, default=1000)
+    r.add_argument("--rate", type=_rate, default=float("inf"), help="requests/s, or inf (all at once)")
+    r.add_argument("--burstiness", type=float, default=1.0)
+    r.add_argument("--max-num-seqs", type=int, default=1024)
+    r.add_argument("--max-batched-tokens", type=int, default=8192)
+    r.add_argument("--admission", choices=("greedy", "reserve"), default="greedy",
+                   help="greedy: vLLM (preempt when full); reserve: TensorRT-LLM's guaranteed-no-evict")
+    r.add_argument("--prefix-caching", type=_bool, default=False)
+    r.add_argument("--prefill-gpus", type=int, default=None, help="with --decode-gpus: disaggregated pools")
+    r.add_argument("--decode-gpus", type=int, default=None)
+    r.add_argument("--ttft-slo-ms", type=float, default=None)
+    r.add_argument("--tpot-slo-ms", type=float, default=None)
+    r.add_argument("--kill-replica-at", type=float, default=None, help="simulated second replica 0 fails")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    return p
+
+
+def spec_from(args: argparse.Namespace) -> SimSpec:
+    kv = args.kv_dtype or ("bf16" if args.dtype == "fp4" else args.dtype)
+    for name in ("gpus", "tp", "input_tokens", "output_tokens", "num_requests", "max_num_seqs", "max_batched_tokens"):
+        if getattr(args, name) < 1:
+            raise SimConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 <= args.input_range_ratio < 1:
+        raise SimConfigError("--input-range-ratio must be in [0, 1)")
+    return SimSpec(
+        model=args.model, device=args.device, gpus=args.gpus, tp=args.tp, dtype=args.dtype, kv_dtype=kv,
+        input_tokens=args.input_tokens, output_tokens=args.output_tokens, input_range_ratio=args.input_range_ratio,
+        num_requests=args.num_requests, rate=args.rate, burstiness=args.burstiness, max_num_seqs=args.max_num_seqs,
+        max_batched_tokens=args.max_batched_tokens, ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
+        seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching,
+        kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
+    )
+
+
+def table(result: dict) -> str:
+    rows = ["{:=^56}".format(" Simulated serving run ")]
+    for key in CONTRACT_KEYS + ("completed", "refused"):
+        value = result[key]
+        rows.append(f"{key:<28} {value:>14.4f}" if isinstance(value, float) else f"{key:<28} {value!s:>14}")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        result = simulate(spec_from(args))
+    except SimConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(result) if args.json else table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

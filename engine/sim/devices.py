@@ -1,0 +1,89 @@
+"""The devices a what-if run can simulate: datasheet peaks and the achieved fractions of them.
+
+GPU figures come from constants.py; `cpu` (this machine) comes from the file `make calibrate`
+writes (engine/sim/cpu_calibration.json), fitted to the live engine's own step times."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.sim import constants as C
+
+CPU_CALIBRATION = Path(__file__).with_name("cpu_calibration.json")
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_gb: float  # the datasheet label
+    memory_bytes: int
+    mem_bw: float  # bytes/s
+    peak_flops: dict[str, float]  # weight dtype -> dense FLOP/s of the GEMMs (bf16 always present)
+    link_bw: float  # bytes/s one way, scale-up link; 0 for none
+    gemm_efficiency: float = C.GEMM_EFFICIENCY
+    attention_efficiency: float = C.ATTENTION_EFFICIENCY
+    bw_efficiency: float = C.BW_EFFICIENCY
+    link_efficiency: float = C.LINK_EFFICIENCY
+    step_overhead_s: float = C.STEP_OVERHEAD_S
+    layer_overhead_s: float = C.KERNEL_LAUNCH_S * C.KERNELS_PER_LAYER
+    allreduce_latency_s: float = C.ALLREDUCE_LATENCY_S
+    sample_overhead_s: float = C.SAMPLE_OVERHEAD_S
+    runtime_reserve_bytes: int = C.RUNTIME_RESERVE_BYTES
+    kv_free_fraction: float = C.KV_FREE_FRACTION
+    activation_bytes: float = C.ACTIVATION_BYTES
+    gpus_per_node: int = C.GPUS_PER_NODE
+
+    def gemm_flops(self, dtype: str) -> float:
+        """Achieved GEMM FLOP/s for weights of dtype; a dtype without tensor cores (fp8 on A100)
+        runs weight-only: its bytes shrink, its math is bf16."""
+        return self.peak_flops.get(dtype, self.peak_flops["bf16"]) * self.gemm_efficiency
+
+    @property
+    def attention_flops(self) -> float:
+        return self.peak_flops["bf16"] * self.attention_efficiency
+
+    @property
+    def bandwidth(self) -> float:
+        return self.mem_bw * self.bw_efficiency
+
+    def supports(self, dtype: str) -> bool:
+        return dtype != "fp4" or "fp4" in self.peak_flops
+
+
+def _gpu(name: str) -> Device:
+    memory_gb, bw, bf16, fp8, fp4, link = C.DEVICE_TABLE[name]
+    peaks = {k: v for k, v in (("bf16", bf16), ("fp8", fp8), ("fp4", fp4)) if v is not None}
+    return Device(name, memory_gb, int(memory_gb * C.GiB), bw, peaks, link)
+
+
+def _cpu() -> Device | None:
+    """This machine, from its calibration; None until `make calibrate` has written it."""
+    if not CPU_CALIBRATION.exists():
+        return None
+    fit = json.loads(CPU_CALIBRATION.read_text())["device"]
+    return Device(
+        "cpu", fit["memory_gb"], int(fit["memory_gb"] * C.GiB), fit["mem_bw"], {"bf16": fit["flops"]}, 0.0,
+        gemm_efficiency=1.0, attention_efficiency=fit["attention_efficiency"], bw_efficiency=1.0,
+        step_overhead_s=fit["step_overhead_s"], layer_overhead_s=fit["layer_overhead_s"],
+        sample_overhead_s=fit["sample_overhead_s"], runtime_reserve_bytes=0, gpus_per_node=1,
+        # The live CPU engine's own plan: its whole cap, float32 activations (engine/memory.py).
+        kv_free_fraction=1.0, activation_bytes=4,
+    )
+
+
+DEVICE_NAMES = (*C.DEVICE_TABLE, "cpu")
+
+
+def get_device(name: str) -> Device:
+    """The device by name, case-insensitive; KeyError names the known ones."""
+    key = name.lower()
+    if key in C.DEVICE_TABLE:
+        return _gpu(key)
+    if key == "cpu":
+        cpu = _cpu()
+        if cpu is None:
+            raise KeyError("device cpu is not calibrated yet: run `make calibrate`")
+        return cpu
+    raise KeyError(f"unknown device {name!r}; known devices: {', '.join(DEVICE_NAMES)}")

@@ -1,0 +1,186 @@
+"""A simulated replica: the engine's own LLMEngine (Scheduler, BlockManager) in this process, its
+runner the cost model, stepping on the event loop's VirtualClock.
+
+It answers the router the way a ReplicaHandle does (state, stats from the latest step,
+num_in_flight, submit, abort, drain), so the same Router dispatches to either kind. A step
+begins (schedule), the cost model prices the batch, and the step ends that many virtual seconds
+later (tokens appended, finished requests reported). No text and no per-token messages: a
+request's stream gets one TokenDelta when it finishes (all its tokens and times) or an error."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from typing import Any
+
+from engine.errors import InvalidParamError
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
+from engine.serving.messages import RequestError, TokenDelta
+from engine.serving.replica_api import ReplicaState, ReplicaStats
+from engine.sim.loop import EventLoop
+from engine.sim.runner import CostModelRunner
+
+Finished = Callable[[Sequence], None]
+LIVE = (ReplicaState.READY, ReplicaState.DRAINING)  # states that still step
+
+
+class SimReplica:
+    def __init__(
+        self,
+        replica_id: int,
+        engine: LLMEngine,
+        loop: EventLoop,
+        on_finished: Finished,
+        kv_transfer_s: Callable[[int], float] | None = None,
+    ) -> None:
+        """kv_transfer_s: a disaggregated decode replica; a request arrives as prompt + its first
+        token, and the prompt's KV takes kv_transfer_s(prompt tokens) to land before it can run."""
+        assert isinstance(engine.runner, CostModelRunner)
+        self.replica_id = replica_id
+        self.engine = engine
+        self.config = engine.config
+        self.runner: CostModelRunner = engine.runner
+        self.loop = loop
+        self.on_finished = on_finished
+        self.kv_transfer_s = kv_transfer_s
+        self.state = ReplicaState.READY
+        self.error: str | None = None
+        self.kv_usage_max = 0.0
+        self._streams: dict[str, queue.Queue] = {}
+        self._busy = False
+        self.stats: ReplicaStats | None = self._snapshot()
+
+    # what the router sees ---------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """A step is scheduled or running, or requests are still inside."""
+        return self._busy or (self.state in LIVE and (self.engine.has_work() or bool(self._streams)))
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    def _snapshot(self) -> ReplicaStats:
+        """What a live replica reports with each step, read at the end of this one's."""
+        e = self.engine
+        return ReplicaStats(
+            len(e.scheduler.running), len(e.scheduler.waiting), e.kv.num_used_blocks, e.kv.num_blocks,
+            e.config.max_num_seqs, e.scheduler.num_preemptions,
+        )
+
+    # commands ---------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        events: queue.Queue | None = None,
+        arrival_time: float | None = None,
+    ) -> queue.Queue:
+        events = queue.Queue() if events is None else events
+        if self.state != ReplicaState.READY:
+            events.put(RequestError(request_id, None, f"replica {self.replica_id} is {self.state}"))
+            return events
+        self._streams[request_id] = events
+        if self.kv_transfer_s is None:
+            self._add(request_id, prompt_token_ids, params, arrival_time)
+        else:
+            received = prompt_token_ids[:-1]  # the last id is the token the prefill replica sampled
+
+            def land() -> None:
+                if request_id in self._streams:  # not failed or stopped meanwhile
+                    self.engine.kv.import_prefix(received)
+                    self._add(request_id, prompt_token_ids, params, arrival_time)
+
+            self.loop.after(self.kv_transfer_s(len(received)), land)
+        return events
+
+    def _add(self, request_id: str, prompt: list[int], params: SamplingParams, arrival_time: float | None) -> None:
+        try:
+            self.engine.add_request(request_id, None, params, prompt_token_ids=prompt, arrival_time=arrival_time)
+        except InvalidParamError as err:
+            self._streams.pop(request_id).put(RequestError(request_id, err.param, err.message))
+            return
+        self._wake()
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        self._wake()
+
+    def reconfigure(self, **changes: Any) -> None:
+        self.engine.reconfigure(**changes)
+        self.config = self.engine.config
+
+    def drain(self) -> None:
+        if self.state == ReplicaState.READY:
+            self.state = ReplicaState.DRAINING
+        self._wake()
+
+    def stop(self) -> None:
+        self._end(ReplicaState.STOPPED, "replica stopped")
+
+    def fail(self, reason: str) -> None:
+        """A replica killed at a chosen time: its in-flight requests fail, its KV is gone."""
+        self._end(ReplicaState.FAILED, reason)
+
+    # stepping in virtual time -----------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if not self._busy and self.state in LIVE:
+            self._busy = True
+            self.loop.at(self.loop.clock.now(), self._begin)
+
+    def _begin(self) -> None:
+        if self.state not in LIVE:
+            self._busy = False
+            return
+        outputs, batch = self.engine.begin_step()
+        self._report(outputs)
+        if not batch.seqs:  # nothing can run until a request arrives or leaves
+            self._busy = False
+            self.stats = self._snapshot()
+            if self.state == ReplicaState.DRAINING and not self.engine.has_work():
+                self.state = ReplicaState.STOPPED
+            return
+        tokens = self.runner.execute(batch)
+        self.loop.after(self.runner.last_cost.total_s, lambda: self._end_step(batch, tokens))
+
+    def _end_step(self, batch: SchedulerOutput, tokens: dict[str, int]) -> None:
+        if self.state not in LIVE:
+            return  # failed mid-step: the step's results are lost with the replica
+        kv = self.engine.kv
+        self.kv_usage_max = max(self.kv_usage_max, kv.num_used_blocks / kv.num_blocks)
+        self._report(self.engine.end_step(batch, tokens))
+        self.stats = self._snapshot()
+        self._begin()
+
+    def _report(self, outputs: list) -> None:
+        for out in outputs:
+            if out.finished:
+                seq = out.seq
+                events = self._streams.pop(out.request_id, None)
+                if events is not None:
+                    events.put(
+                        TokenDelta(
+                            seq.request_id, seq.output_token_ids, "", True, seq.finish_reason, seq.num_prompt_tokens,
+                            seq.num_cached_tokens, seq.times,
+                        )
+                    )
+                self.on_finished(seq)
+
+    def _end(self, state: ReplicaState, reason: str) -> None:
+        self.state = state
+        self._busy = False  # a step in flight ends with nothing (see _end_step)
+        self.error = reason if state == ReplicaState.FAILED else None
+        for request_id, events in self._streams.items():
+            events.put(RequestError(request_id, None, reason))
+        self._streams.clear()
+        for seq in list(self.engine.requests.values()):
+            self.engine.scheduler.remove(seq)  # the blocks go back: the replica's memory is gone
+        self.engine.requests.clear()
+        self.stats = self._snapshot()

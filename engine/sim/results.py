@@ -1,0 +1,66 @@
+"""What a simulated run measured, from each finished request's RequestTimes: the keys of the
+CLI contract (DESIGN.md), `vllm bench serve`'s definitions (ttft, tpot, itl, e2el, goodput)."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.sequence import Sequence
+
+
+@dataclass
+class Recorder:
+    """Per finished request: ttft, tpot, e2el and every inter-token gap, as plain float arrays."""
+
+    arrivals: dict[str, float]
+    ttft: array = field(default_factory=lambda: array("d"))
+    tpot: array = field(default_factory=lambda: array("d"))
+    e2el: array = field(default_factory=lambda: array("d"))
+    itl: array = field(default_factory=lambda: array("d"))
+    good: int = 0
+    output_tokens: int = 0
+    finished: dict[str, str] = field(default_factory=dict)  # request id -> finish reason
+    slo_s: tuple[float, float] = (float("inf"), float("inf"))  # (ttft, tpot)
+
+    def finish(self, seq: Sequence, earlier_tokens: tuple[float, ...] = ()) -> None:
+        """earlier_tokens: token times produced elsewhere first (a disaggregated prefill's token)."""
+        self.finished[seq.request_id] = seq.finish_reason or ""
+        t = seq.times
+        if seq.finish_reason == "abort" or t.first_token is None or t.finished is None:
+            return
+        arrival = self.arrivals[seq.request_id]
+        tokens = [*earlier_tokens, *t.tokens] if earlier_tokens else t.tokens
+        ttft = tokens[0] - arrival
+        tpot = (tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else 0.0
+        self.ttft.append(ttft)
+        self.e2el.append(t.finished - arrival)
+        if len(tokens) > 1:
+            self.tpot.append(tpot)
+            self.itl.extend(np.diff(np.asarray(tokens)))
+        self.output_tokens += len(tokens)
+        self.good += ttft <= self.slo_s[0] and tpot <= self.slo_s[1]
+
+
+def _pct(values: array, p: float) -> float:
+    return float(np.percentile(np.frombuffer(values, dtype=np.float64), p)) if len(values) else 0.0
+
+
+def summarize(rec: Recorder, duration_s: float, num_gpus: int) -> dict[str, float]:
+    done = len(rec.ttft)
+    d = max(duration_s, 1e-9)
+    return {
+        "output_tok_s": rec.output_tokens / d,
+        "output_tok_s_per_gpu": rec.output_tokens / d / num_gpus,
+        "request_s": done / d,
+        "ttft_p50_s": _pct(rec.ttft, 50),
+        "ttft_p99_s": _pct(rec.ttft, 99),
+        "tpot_p50_s": _pct(rec.tpot, 50),
+        "tpot_p99_s": _pct(rec.tpot, 99),
+        "itl_p99_s": _pct(rec.itl, 99),
+        "e2el_p50_s": _pct(rec.e2el, 50),
+        "goodput_req_s": rec.good / d,
+        "completed": done,
+    }

@@ -1,0 +1,55 @@
+"""The what-if runner: prices the scheduler's batch with the cost model instead of running a
+model. It returns a token for every sequence that samples, as ModelRunner does, and leaves the
+step's predicted time in `last_cost` for the replica to advance its virtual clock by."""
+
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from engine.executor import Executor
+from engine.scheduler import SchedulerOutput
+from engine.sim.cost_model import CostModel, StepCost, StepShape
+from engine.sim.deployment import Deployment
+
+# The token every simulated step emits: an ordinary id (the load generator's range), never EOS,
+# so lengths are the requests' max_tokens as in `vllm bench serve --ignore-eos`.
+SIM_TOKEN = 100
+
+
+def step_shape(batch: SchedulerOutput) -> tuple[StepShape, dict[str, int]]:
+    """The sums the cost model prices, and a token for every sequence that samples this step
+    (read before the step runs: num_computed_tokens is each sequence's context so far)."""
+    tokens: dict[str, int] = {}
+    num_tokens = num_decodes = decode_ctx = prefill_ctx = 0
+    prefill_attn = 0.0
+    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        done = seq.num_computed_tokens
+        num_tokens += n
+        if n == 1:
+            num_decodes += 1
+            decode_ctx += done + 1
+        else:
+            prefill_ctx += done
+            prefill_attn += n * (done + (n + 1) / 2)
+        if done + n == seq.num_tokens:
+            tokens[seq.request_id] = SIM_TOKEN
+    return StepShape(num_tokens, len(tokens), num_decodes, decode_ctx, prefill_attn, prefill_ctx), tokens
+
+
+class CostModelRunner:
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self.last_cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+    def execute(self, batch: SchedulerOutput) -> dict[str, int]:
+        shape, tokens = step_shape(batch)
+        self.last_cost = self.cost.step(shape)
+        return tokens
+
+    def forget(self, request_id: str) -> None:
+        pass  # no per-request state: the cost model samples nothing
+
+
+def sim_executor(dep: Deployment, config: EngineConfig) -> Executor:
+    """A model spec on a device is enough: the KV plan from the device's memory, no weights."""
+    memory = dep.plan_memory(config)
+    return Executor(f"{dep.model.name} on {dep.tp} x {dep.device.name}", dep.shard_cfg, memory, CostModelRunner(CostModel(dep)))
