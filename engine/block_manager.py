@@ -27,7 +27,7 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-@dataclass
+@dataclass(slots=True)
 class Block:
     block_id: int
     ref_count: int = 0
@@ -97,12 +97,14 @@ class BlockManager:
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Grow seq's block table to hold num_new_tokens more; False (and no change) if full."""
-        total = blocks_for(seq.num_computed_tokens + num_new_tokens, self.block_size)
-        need = total - len(seq.block_table)
+        table = seq.block_table
+        need = blocks_for(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(table)
+        if need <= 0:  # most decode steps: the last block still has room
+            return True
         if need > len(self.free_ids):
             return False
         for _ in range(need):
-            seq.block_table.append(self._take_free_block())
+            table.append(self._take_free_block())
         return True
 
     def cache_full_blocks(self, seq: Sequence) -> None:
@@ -142,14 +144,15 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         # Tail blocks are released first so they are evicted before the shared head.
+        blocks, free_ids = self.blocks, self.free_ids
         for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
+            block = blocks[block_id]
             block.ref_count -= 1
             assert block.ref_count >= 0, f"block {block_id} freed twice"
             if block.ref_count == 0:
-                self.free_ids[block_id] = None
+                free_ids[block_id] = None
                 if block.block_hash is None:
-                    self.free_ids.move_to_end(block_id, last=False)  # holds nothing reusable
+                    free_ids.move_to_end(block_id, last=False)  # holds nothing reusable
         seq.block_table = []
         seq.num_published_blocks = 0
 

@@ -60,7 +60,7 @@ class LLM:
             raise
         done = {}
         while len(done) < len(ids):
-            for out in self.engine.step():
+            for out in self.engine.step(stream=False):  # only the ended come back
                 if out.finished:
                     done[out.request_id] = out.seq
         return [

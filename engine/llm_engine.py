@@ -187,10 +187,12 @@ class LLMEngine:
 
     # the loop ---------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, stream: bool = True) -> list[RequestOutput]:
+        """stream=False: outputs only for requests that ended (a caller that reads the Sequence
+        at the end, as LLM.generate and the what-if replica do); the decisions are the same."""
         outputs, batch = self.begin_step()
         if batch.seqs:
-            outputs += self.end_step(batch, self.runner.execute(batch))
+            outputs += self.end_step(batch, self.runner.execute(batch), stream)
         return outputs
 
     def begin_step(self) -> tuple[list[RequestOutput], SchedulerOutput]:
@@ -201,47 +203,63 @@ class LLMEngine:
         self.last_batch = batch
         return outputs, batch
 
-    def end_step(self, batch: SchedulerOutput, new_tokens: dict[str, int]) -> list[RequestOutput]:
+    def end_step(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool = True) -> list[RequestOutput]:
         self.num_steps += 1
-        return self._postprocess(batch, new_tokens)
+        return self._postprocess(batch, new_tokens, stream)
 
-    def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int]) -> list[RequestOutput]:
-        now = self.clock.now()
+    def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool) -> list[RequestOutput]:
+        now = self.clock.now()  # one reading for every token of the step: they land together
         outputs = []
+        publish = self.kv.cache_full_blocks if self.kv.enable_prefix_caching else None
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
-            self.kv.cache_full_blocks(seq)
+            if publish is not None:
+                publish(seq)
             token = new_tokens.get(seq.request_id)
             if token is None:
                 continue
             seq.output_token_ids.append(token)
-            if seq.times.first_token is None:
-                seq.times.first_token = now
-            seq.times.tokens.append(now)
-            outputs.append(self._emit(seq, token, now))
+            times = seq.times
+            if times.first_token is None:
+                times.first_token = now
+            times.tokens.append(now)
+            out = self._emit(seq, token, now, stream)
+            if out is not None:
+                outputs.append(out)
         return outputs
 
-    def _emit(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+    def _emit(self, seq: Sequence, token: int, now: float, stream: bool) -> RequestOutput | None:
+        """Check the stops for seq's new token; its output, or None when nobody reads it."""
         params = seq.params
         reason = None
         if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
             reason = "stop"
-        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+        elif (n := len(seq.output_token_ids)) >= params.max_tokens or n + seq.num_prompt_tokens >= self.max_model_len:
             reason = "length"
-        if self.tokenizer is not None:  # the what-if engine has no text to make
+        new_text = ""
+        if self.tokenizer is not None or params.stop:  # the what-if engine has no text to make
+            reason, new_text = self._new_text(seq, reason)
+        if reason:
+            self._finish(seq, reason, now)
+        elif not stream:
+            return None
+        logprobs = seq.output_logprobs[-1:] if params.logprobs is not None else None
+        return RequestOutput(seq.request_id, [token], new_text, reason is not None, reason, seq, logprobs)
+
+    def _new_text(self, seq: Sequence, reason: str | None) -> tuple[str | None, str]:
+        """Detokenize the new token and look for stop strings; the text that is safe to hand out."""
+        params = seq.params
+        if self.tokenizer is not None:
             seq.output_text += detokenize_step(self.tokenizer, seq.output_token_ids, seq.detok, final=reason is not None)
         if params.stop and (cut := _find_stop(seq.output_text, params.stop)) is not None:
             seq.output_text = seq.output_text[:cut]
             reason = "stop"
-        if reason:
-            self._finish(seq, reason, now)
         # Hold back text that could be the start of a stop string, until it is known not to be.
         hold = 0 if reason or not params.stop else max(len(s) - 1 for s in params.stop)
         end = max(seq.num_text_emitted, len(seq.output_text) - hold)
         new_text = seq.output_text[seq.num_text_emitted : end]
         seq.num_text_emitted = end
-        logprobs = seq.output_logprobs[-1:] if params.logprobs is not None else None
-        return RequestOutput(seq.request_id, [token], new_text, reason is not None, reason, seq, logprobs)
+        return reason, new_text
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> None:
         seq.status = SequenceStatus.FINISHED

@@ -61,11 +61,17 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_batched_tokens
-        for seq in list(self.running):
-            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+        chunked = self.config.chunked_prefill
+        seqs, counts, running = out.seqs, out.num_new_tokens, SequenceStatus.RUNNING
+        for seq in list(self.running):  # a copy: preemption takes from the end as it goes
+            if seq.status is not running:  # preempted earlier in this loop
                 continue
-            n = self._tokens_to_run(seq, budget, first=not out.seqs)
-            if n == 0:
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if chunked:
+                n = min(remaining, budget)
+            else:  # without chunking a prompt runs whole; a step's first one may exceed the budget
+                n = remaining if remaining <= budget or not seqs else 0
+            if n <= 0:
                 continue
             while not self.kv.allocate(seq, n):
                 victim = self.running[-1]
@@ -73,18 +79,12 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.add(seq, n)
+                seqs.append(seq)
+                counts.append(n)
                 budget -= n
         if not out.preempted:
             self._admit(out, budget)
         return out
-
-    def _tokens_to_run(self, seq: Sequence, budget: int, first: bool) -> int:
-        remaining = seq.num_tokens - seq.num_computed_tokens
-        if self.config.chunked_prefill:
-            return min(remaining, budget)
-        # Without chunking a prompt runs whole; a step's first one may exceed the budget.
-        return remaining if remaining <= budget or first else 0
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_num_seqs:

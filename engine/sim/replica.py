@@ -155,7 +155,7 @@ class SimReplica:
             return  # failed mid-step: the step's results are lost with the replica
         kv = self.engine.kv
         self.kv_usage_max = max(self.kv_usage_max, kv.num_used_blocks / kv.num_blocks)
-        self._report(self.engine.end_step(batch, tokens))
+        self._report(self.engine.end_step(batch, tokens, stream=False))  # only the ended
         self.stats = self._snapshot()
         self._begin()
 
