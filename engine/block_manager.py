@@ -4,6 +4,10 @@ can be reused by a later request with the same prefix.
 Free blocks sit in one LRU queue. A freed block that holds a cached prefix keeps its hash until
 the queue hands it out again, so "evict the least recently used cached block" is simply
 "take the front of the free queue".
+
+A block's state is one entry in each of three lists (ref_counts, hashes, tokens), not an object
+per block: a 70B replica on 8 H100s has 195,000 blocks, and as objects they cost seconds to
+build and every full garbage collection walks them all.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from engine.sequence import Sequence
 
@@ -27,20 +30,14 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-@dataclass(slots=True)
-class Block:
-    block_id: int
-    ref_count: int = 0
-    block_hash: bytes | None = None
-    token_ids: tuple[int, ...] = ()
-
-
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.ref_counts = [0] * num_blocks  # sequences holding each block
+        self.hashes: list[bytes | None] = [None] * num_blocks  # the prefix a block caches, if any
+        self.tokens: list[tuple[int, ...]] = [()] * num_blocks  # its tokens, to rule out collisions
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[bytes, int] = {}
         self.prefix_queries = 0  # tokens looked up at admission
@@ -69,24 +66,27 @@ class BlockManager:
             block_id = self.cached.get(block_hash)
             if block_id is None:
                 break
-            if self.blocks[block_id].token_ids != tuple(tokens[i * bs : (i + 1) * bs]):
+            if self.tokens[block_id] != tuple(tokens[i * bs : (i + 1) * bs]):
                 break  # a hash collision: never reuse blocks whose tokens differ
             found.append(block_id)
         return found
 
     def can_admit(self, prefix: list[int], num_new_tokens: int) -> bool:
-        revived = sum(1 for b in prefix if self.blocks[b].ref_count == 0)
+        revived = self.num_revived(prefix)
         need = blocks_for(len(prefix) * self.block_size + num_new_tokens, self.block_size) - len(prefix)
         return need + revived <= len(self.free_ids)
+
+    def num_revived(self, prefix: list[int]) -> int:
+        """Blocks of a cached prefix that sit in the free queue: attaching them takes free blocks."""
+        return sum(1 for b in prefix if self.ref_counts[b] == 0)
 
     def admit(self, seq: Sequence, prefix: list[int]) -> None:
         """Attach the cached prefix to a sequence that holds no blocks yet."""
         assert not seq.block_table
         for block_id in prefix:
-            block = self.blocks[block_id]
-            if block.ref_count == 0:
+            if self.ref_counts[block_id] == 0:
                 del self.free_ids[block_id]
-            block.ref_count += 1
+            self.ref_counts[block_id] += 1
         seq.block_table = list(prefix)
         seq.num_computed_tokens = len(prefix) * self.block_size
         if seq.num_cached_tokens == 0:
@@ -118,11 +118,11 @@ class BlockManager:
         tokens = seq.token_ids
         bs = self.block_size
         for i in range(seq.num_published_blocks, num_full):
-            block = self.blocks[seq.block_table[i]]
-            if block.block_hash is None and seq.block_hashes[i] not in self.cached:
-                block.block_hash = seq.block_hashes[i]
-                block.token_ids = tuple(tokens[i * bs : (i + 1) * bs])
-                self.cached[block.block_hash] = block.block_id
+            block_id, block_hash = seq.block_table[i], seq.block_hashes[i]
+            if self.hashes[block_id] is None and block_hash not in self.cached:
+                self.hashes[block_id] = block_hash
+                self.tokens[block_id] = tuple(tokens[i * bs : (i + 1) * bs])
+                self.cached[block_hash] = block_id
         seq.num_published_blocks = num_full
 
     def import_prefix(self, token_ids: list[int]) -> int:
@@ -135,36 +135,35 @@ class BlockManager:
             parent = chain_hash(parent, chunk)
             if parent in self.cached or not self.free_ids:
                 continue
-            block = self.blocks[self._take_free_block()]
-            block.ref_count, block.block_hash, block.token_ids = 0, parent, chunk
-            self.cached[parent] = block.block_id
-            self.free_ids[block.block_id] = None
+            block_id = self._take_free_block()
+            self.ref_counts[block_id], self.hashes[block_id], self.tokens[block_id] = 0, parent, chunk
+            self.cached[parent] = block_id
+            self.free_ids[block_id] = None
             written += 1
         return written
 
     def free(self, seq: Sequence) -> None:
         # Tail blocks are released first so they are evicted before the shared head.
-        blocks, free_ids = self.blocks, self.free_ids
+        refs, hashes, free_ids = self.ref_counts, self.hashes, self.free_ids
         for block_id in reversed(seq.block_table):
-            block = blocks[block_id]
-            block.ref_count -= 1
-            assert block.ref_count >= 0, f"block {block_id} freed twice"
-            if block.ref_count == 0:
+            refs[block_id] -= 1
+            assert refs[block_id] >= 0, f"block {block_id} freed twice"
+            if refs[block_id] == 0:
                 free_ids[block_id] = None
-                if block.block_hash is None:
+                if hashes[block_id] is None:
                     free_ids.move_to_end(block_id, last=False)  # holds nothing reusable
         seq.block_table = []
         seq.num_published_blocks = 0
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free_ids.popitem(last=False)
-        block = self.blocks[block_id]
-        if block.block_hash is not None:  # evict the cached prefix this block held
-            if self.cached.get(block.block_hash) == block_id:
-                del self.cached[block.block_hash]
-            block.block_hash = None
-            block.token_ids = ()
-        block.ref_count = 1
+        block_hash = self.hashes[block_id]
+        if block_hash is not None:  # evict the cached prefix this block held
+            if self.cached.get(block_hash) == block_id:
+                del self.cached[block_hash]
+            self.hashes[block_id] = None
+            self.tokens[block_id] = ()
+        self.ref_counts[block_id] = 1
         return block_id
 
     def _hash_full_blocks(self, seq: Sequence, num_blocks: int) -> None:

@@ -109,7 +109,7 @@ class Scheduler:
             n = min(remaining, budget) if self.config.chunked_prefill else remaining
             fits = n <= budget or not out.seqs
             if reserve:
-                revived = sum(1 for b in prefix if self.kv.blocks[b].ref_count == 0)
+                revived = self.kv.num_revived(prefix)
                 fits = fits and blocks_for(seq.max_total_tokens, bs) - len(prefix) + revived <= unpromised
             if not fits or not self.kv.can_admit(prefix, n):
                 if starving and seq is oldest:

@@ -36,7 +36,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.count += 1
         prefix = self.bm.find_cached_prefix(seq)
         for i, block_id in enumerate(prefix):  # reused only when the tokens match
-            assert self.bm.blocks[block_id].token_ids == tuple(tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
+            assert self.bm.tokens[block_id] == tuple(tokens[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE])
         assert len(prefix) * BLOCK_SIZE < len(tokens)
         remaining = len(tokens) - len(prefix) * BLOCK_SIZE
         if not self.bm.can_admit(prefix, remaining):
@@ -73,19 +73,19 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for seq in self.live:
             for block_id in seq.block_table:
                 owners[block_id] = owners.get(block_id, 0) + 1
-        for block in self.bm.blocks:
-            assert block.ref_count >= 0
-            assert block.ref_count == owners.get(block.block_id, 0)
-            is_free = block.block_id in self.bm.free_ids
-            assert is_free == (block.ref_count == 0), "a block is both free and owned (or neither)"
+        for block_id, ref_count in enumerate(self.bm.ref_counts):
+            assert ref_count >= 0
+            assert ref_count == owners.get(block_id, 0)
+            is_free = block_id in self.bm.free_ids
+            assert is_free == (ref_count == 0), "a block is both free and owned (or neither)"
         for block_hash, block_id in self.bm.cached.items():
-            assert self.bm.blocks[block_id].block_hash == block_hash
+            assert self.bm.hashes[block_id] == block_hash
 
     def teardown(self) -> None:
         for seq in self.live:
             self.bm.free(seq)
         assert self.bm.num_free_blocks == NUM_BLOCKS
-        assert all(b.ref_count == 0 for b in self.bm.blocks)
+        assert all(r == 0 for r in self.bm.ref_counts)
 
 
 TestBlockManager = BlockManagerMachine.TestCase
@@ -104,7 +104,7 @@ def test_prefix_hit_shares_blocks_and_counts_tokens() -> None:
     assert prefix == a.block_table[:2]  # two full blocks of 4 match; the third differs
     bm.admit(b, prefix)
     assert b.num_computed_tokens == 8 and b.num_cached_tokens == 8
-    assert all(bm.blocks[i].ref_count == 2 for i in prefix)
+    assert all(bm.ref_counts[i] == 2 for i in prefix)
     assert bm.prefix_hits == 8 and bm.prefix_queries == 20
 
 

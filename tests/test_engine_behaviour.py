@@ -42,7 +42,7 @@ def test_abort_mid_decode_frees_blocks_and_leaves_others_unchanged(llm_fp32: LLM
     assert finished["abort-0"] == baseline[0].token_ids
     assert finished["abort-2"] == baseline[2].token_ids
     assert engine.kv.num_free_blocks == free_before == engine.kv.num_blocks
-    assert all(b.ref_count == 0 for b in engine.kv.blocks)
+    assert all(r == 0 for r in engine.kv.ref_counts)
 
 
 @pytest.mark.parametrize(
