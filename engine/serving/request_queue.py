@@ -28,7 +28,7 @@ class QueuedRequest:
     arrival: float = 0.0  # stamped by offer() on admission: the request's one arrival time
     deadline: float | None = None
     payload: Any = None  # what the caller needs to answer it (its stream)
-    block_hashes: list[bytes] | None = None  # the prompt's chained block hashes, for routing
+    block_hashes: list[int] | None = None  # the prompt's chained block keys, for routing
 
 
 @dataclass
