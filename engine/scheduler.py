@@ -52,28 +52,31 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence and free its blocks."""
-        if seq in self.running:
-            self.running.remove(seq)
-        elif seq in self.waiting:
-            self.waiting.remove(seq)
+        try:
+            self.running.remove(seq)  # one scan of the batch, not two
+        except ValueError:
+            if seq in self.waiting:
+                self.waiting.remove(seq)
         self.kv.free(seq)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_batched_tokens
         chunked = self.config.chunked_prefill
-        seqs, counts, running = out.seqs, out.num_new_tokens, SequenceStatus.RUNNING
+        seqs, counts, running, bs = out.seqs, out.num_new_tokens, SequenceStatus.RUNNING, self.kv.block_size
         for seq in list(self.running):  # a copy: preemption takes from the end as it goes
             if seq.status is not running:  # preempted earlier in this loop
                 continue
-            remaining = seq.num_tokens - seq.num_computed_tokens
+            done = seq.num_computed_tokens
+            remaining = seq.num_tokens - done
             if chunked:
                 n = min(remaining, budget)
             else:  # without chunking a prompt runs whole; a step's first one may exceed the budget
                 n = remaining if remaining <= budget or not seqs else 0
             if n <= 0:
                 continue
-            while not self.kv.allocate(seq, n):
+            has_room = done + n <= len(seq.block_table) * bs  # most decodes: the last block has room
+            while not (has_room or self.kv.allocate(seq, n)):
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is seq:
