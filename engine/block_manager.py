@@ -1,9 +1,10 @@
 """The block manager owns the paged KV cache's blocks: who holds which, and which full blocks
 can be reused by a later request with the same prefix.
 
-Free blocks sit in one LRU queue. A freed block that holds a cached prefix keeps its hash until
-the queue hands it out again, so "evict the least recently used cached block" is simply
-"take the front of the free queue".
+Free blocks sit in two places. Blocks that hold nothing reusable are a stack (`empty`), handed
+out first. A freed block that holds a cached prefix keeps its hash in an LRU queue
+(`free_cached`) until it is handed out again, so "evict the least recently used cached block" is
+simply "take the front of that queue" once no empty block is left.
 
 A block's state is one entry in each of three lists (ref_counts, hashes, tokens), not an object
 per block: a 70B replica on 8 H100s has 195,000 blocks, and as objects they cost seconds to
@@ -38,18 +39,19 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks  # sequences holding each block
         self.hashes: list[bytes | None] = [None] * num_blocks  # the prefix a block caches, if any
         self.tokens: list[tuple[int, ...]] = [()] * num_blocks  # its tokens, to rule out collisions
-        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.empty = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
+        self.free_cached: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self.cached: dict[bytes, int] = {}
         self.prefix_queries = 0  # tokens looked up at admission
         self.prefix_hits = 0  # tokens found in the cache
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_ids)
+        return len(self.empty) + len(self.free_cached)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self.free_ids)
+        return self.num_blocks - len(self.empty) - len(self.free_cached)
 
     def find_cached_prefix(self, seq: Sequence) -> list[int]:
         """Blocks holding the longest cached prefix of seq; at least one token is left to compute,
@@ -74,7 +76,7 @@ class BlockManager:
     def can_admit(self, prefix: list[int], num_new_tokens: int) -> bool:
         revived = self.num_revived(prefix)
         need = blocks_for(len(prefix) * self.block_size + num_new_tokens, self.block_size) - len(prefix)
-        return need + revived <= len(self.free_ids)
+        return need + revived <= self.num_free_blocks
 
     def num_revived(self, prefix: list[int]) -> int:
         """Blocks of a cached prefix that sit in the free queue: attaching them takes free blocks."""
@@ -85,7 +87,7 @@ class BlockManager:
         assert not seq.block_table
         for block_id in prefix:
             if self.ref_counts[block_id] == 0:
-                del self.free_ids[block_id]
+                del self.free_cached[block_id]
             self.ref_counts[block_id] += 1
         seq.block_table = list(prefix)
         seq.num_computed_tokens = len(prefix) * self.block_size
@@ -101,7 +103,7 @@ class BlockManager:
         need = blocks_for(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(table)
         if need <= 0:  # most decode steps: the last block still has room
             return True
-        if need > len(self.free_ids):
+        if need > self.num_free_blocks:
             return False
         for _ in range(need):
             table.append(self._take_free_block())
@@ -133,30 +135,34 @@ class BlockManager:
         for i in range(len(token_ids) // bs):
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
             parent = chain_hash(parent, chunk)
-            if parent in self.cached or not self.free_ids:
+            if parent in self.cached or not self.num_free_blocks:
                 continue
             block_id = self._take_free_block()
             self.ref_counts[block_id], self.hashes[block_id], self.tokens[block_id] = 0, parent, chunk
             self.cached[parent] = block_id
-            self.free_ids[block_id] = None
+            self.free_cached[block_id] = None
             written += 1
         return written
 
     def free(self, seq: Sequence) -> None:
         # Tail blocks are released first so they are evicted before the shared head.
-        refs, hashes, free_ids = self.ref_counts, self.hashes, self.free_ids
+        refs, hashes, empty = self.ref_counts, self.hashes, self.empty
         for block_id in reversed(seq.block_table):
             refs[block_id] -= 1
             assert refs[block_id] >= 0, f"block {block_id} freed twice"
             if refs[block_id] == 0:
-                free_ids[block_id] = None
                 if hashes[block_id] is None:
-                    free_ids.move_to_end(block_id, last=False)  # holds nothing reusable
+                    empty.append(block_id)  # holds nothing reusable: handed out next
+                else:
+                    self.free_cached[block_id] = None
         seq.block_table = []
         seq.num_published_blocks = 0
 
     def _take_free_block(self) -> int:
-        block_id, _ = self.free_ids.popitem(last=False)
+        if self.empty:
+            self.ref_counts[block_id := self.empty.pop()] = 1
+            return block_id
+        block_id, _ = self.free_cached.popitem(last=False)
         block_hash = self.hashes[block_id]
         if block_hash is not None:  # evict the cached prefix this block held
             if self.cached.get(block_hash) == block_id:

@@ -76,7 +76,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for block_id, ref_count in enumerate(self.bm.ref_counts):
             assert ref_count >= 0
             assert ref_count == owners.get(block_id, 0)
-            is_free = block_id in self.bm.free_ids
+            is_free = block_id in self.bm.free_cached or block_id in self.bm.empty
             assert is_free == (ref_count == 0), "a block is both free and owned (or neither)"
         for block_hash, block_id in self.bm.cached.items():
             assert self.bm.hashes[block_id] == block_hash
