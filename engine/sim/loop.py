@@ -3,6 +3,7 @@ callable; running one may schedule others. Ties run in the order they were sched
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 from collections.abc import Callable
@@ -33,7 +34,20 @@ class EventLoop:
         self.at(self.clock.now(), tick)
 
     def run(self, until: float | None = None, done: Callable[[], bool] | None = None) -> None:
-        """Run events in time order until none is left, the next is past `until`, or done()."""
+        """Run events in time order until none is left, the next is past `until`, or done().
+
+        Python's cyclic garbage collector is paused meanwhile (reference counting still frees
+        everything the simulation drops): a big run holds millions of objects (every queued
+        request's prompt), and each full collection walked them all, a tenth of the wall time."""
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            self._run(until, done)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _run(self, until: float | None, done: Callable[[], bool] | None) -> None:
         heap, clock = self._heap, self.clock
         while heap:
             when = heap[0][0]
