@@ -220,8 +220,7 @@ class LLMEngine:
             if times.first_token is None:
                 times.first_token = now
             times.tokens.append(now)
-            out = self._emit(seq, token, now, stream)
-            if out is not None:
+            if (out := self._emit(seq, token, now, stream)) is not None:
                 outputs.append(out)
         return outputs
 
@@ -231,7 +230,7 @@ class LLMEngine:
         reason = None
         if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
             reason = "stop"
-        elif (n := len(seq.output_token_ids)) >= params.max_tokens or n + seq.num_prompt_tokens >= self.max_model_len:
+        elif (n := len(seq.output_token_ids)) >= params.max_tokens or n + len(seq.prompt_token_ids) >= self.max_model_len:
             reason = "length"
         new_text = ""
         if self.tokenizer is not None or params.stop:  # the what-if engine has no text to make
