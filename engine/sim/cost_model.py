@@ -7,7 +7,8 @@ Per GPU of a TP group, for one step:
   read; each at its own roofline.
 - elementwise kernels (norms, RoPE, SwiGLU): activation bytes per token at achieved bandwidth.
 - TP: two all-reduces per layer of the step's activations, latency + ring bytes / link bandwidth.
-- host: per-step overhead, per-layer kernel launches, one sampling kernel.
+- host: per-step overhead, per-layer kernel launches, one sampling kernel, and per sampled row
+  (the CPU device's Python per sequence; 0 on GPUs).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class CostModel:
         self.allreduce_s_per_byte = 2 * (t - 1) / t / (link * d.link_efficiency) if t > 1 else 0.0
         self.activation_row_bytes = cfg.hidden_size * C.ACTIVATION_BYTES
         self.sample_overhead = d.sample_overhead_s
+        self.token_overhead = d.token_overhead_s
 
     def step(self, s: StepShape) -> StepCost:
         if s.num_tokens == 0:
@@ -97,7 +99,8 @@ class CostModel:
         allreduce = self.num_allreduces * (
             self.allreduce_latency + s.num_tokens * self.activation_row_bytes * self.allreduce_s_per_byte
         )
-        # Sampling reads the float32 logits of each sampled row.
-        sample = self.sample_overhead + s.num_sampled * self.vocab * 4 / self.bandwidth if s.num_sampled else 0.0
+        # Sampling reads the float32 logits of each sampled row; the host handles each row too.
+        row = self.vocab * 4 / self.bandwidth + self.token_overhead
+        sample = self.sample_overhead + s.num_sampled * row if s.num_sampled else 0.0
         elementwise = s.num_tokens * self.elementwise_s_per_token
         return StepCost(gemm, elementwise, prefill + decode, allreduce, self.fixed_s, sample)

@@ -30,6 +30,9 @@ class Device:
     layer_overhead_s: float = C.KERNEL_LAUNCH_S * C.KERNELS_PER_LAYER
     allreduce_latency_s: float = C.ALLREDUCE_LATENCY_S
     sample_overhead_s: float = C.SAMPLE_OVERHEAD_S
+    # Host time per sampled row (a live CPU engine's Python per sequence: scheduling, sampling,
+    # postprocess, detokenize); 0 on GPUs, where the per-step constants cover the host.
+    token_overhead_s: float = 0.0
     runtime_reserve_bytes: int = C.RUNTIME_RESERVE_BYTES
     kv_free_fraction: float = C.KV_FREE_FRACTION
     activation_bytes: float = C.ACTIVATION_BYTES
@@ -67,7 +70,8 @@ def _cpu() -> Device | None:
         "cpu", fit["memory_gb"], int(fit["memory_gb"] * C.GiB), fit["mem_bw"], {"bf16": fit["flops"]}, 0.0,
         gemm_efficiency=1.0, attention_efficiency=fit["attention_efficiency"], bw_efficiency=1.0,
         step_overhead_s=fit["step_overhead_s"], layer_overhead_s=fit["layer_overhead_s"],
-        sample_overhead_s=fit["sample_overhead_s"], runtime_reserve_bytes=0, gpus_per_node=1,
+        sample_overhead_s=fit["sample_overhead_s"], token_overhead_s=fit.get("token_overhead_s", 0.0),
+        runtime_reserve_bytes=0, gpus_per_node=1,
         # The live CPU engine's own plan: its whole cap, float32 activations (engine/memory.py).
         kv_free_fraction=1.0, activation_bytes=4,
     )

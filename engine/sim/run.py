@@ -23,7 +23,7 @@ from engine.sim.models import get_model
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, summarize
 from engine.sim.runner import sim_executor
-from engine.sim.workload import make_workload
+from engine.sim.workload import SimRequest, make_workload
 
 
 @dataclass
@@ -86,14 +86,15 @@ class SimSpec:
         )
 
 
-def simulate(spec: SimSpec) -> dict[str, Any]:
-    """Run the workload to its end; raises SimConfigError for a configuration that cannot run."""
+def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[str, Any]:
+    """Run the workload to its end; raises SimConfigError for a configuration that cannot run.
+    requests: an explicit workload (arrivals and lengths, e.g. a live run's) instead of the spec's."""
     elapsed = stopwatch()
     dep = spec.deployment()
     config = spec.engine_config()
     loop = EventLoop()
     clock = loop.clock
-    requests = make_workload(
+    requests = requests if requests is not None else make_workload(
         spec.num_requests, spec.rate, spec.input_tokens, spec.output_tokens, spec.input_range_ratio,
         spec.burstiness, spec.seed,
     )
