@@ -208,6 +208,7 @@ class LLMEngine:
         now = self.clock.now()  # one reading for every token of the step: they land together
         outputs = []
         publish = self.kv.cache_full_blocks if self.kv.enable_prefix_caching else None
+        text = self.tokenizer is not None  # the what-if engine has no text to make
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             if publish is not None:
@@ -220,20 +221,26 @@ class LLMEngine:
             if times.first_token is None:
                 times.first_token = now
             times.tokens.append(now)
-            if (out := self._emit(seq, token, now, stream)) is not None:
+            reason = self._stop_reason(seq, token)
+            # Most tokens of a run nobody streams end nothing and make no text: nothing to do.
+            emit = reason or stream or text or seq.params.stop
+            if emit and (out := self._emit(seq, token, reason, now, stream)) is not None:
                 outputs.append(out)
         return outputs
 
-    def _emit(self, seq: Sequence, token: int, now: float, stream: bool) -> RequestOutput | None:
-        """Check the stops for seq's new token; its output, or None when nobody reads it."""
+    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
+        """"stop" or "length" if seq's new token ends it (stop strings are checked with the text)."""
         params = seq.params
-        reason = None
         if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
-            reason = "stop"
-        elif (n := len(seq.output_token_ids)) >= params.max_tokens or n + len(seq.prompt_token_ids) >= self.max_model_len:
-            reason = "length"
+            return "stop"
+        n = len(seq.output_token_ids)
+        return "length" if n >= params.max_tokens or n + len(seq.prompt_token_ids) >= self.max_model_len else None
+
+    def _emit(self, seq: Sequence, token: int, reason: str | None, now: float, stream: bool) -> RequestOutput | None:
+        """Make the new text, finish seq if it ended; its output, or None when nobody reads it."""
+        params = seq.params
         new_text = ""
-        if self.tokenizer is not None or params.stop:  # the what-if engine has no text to make
+        if self.tokenizer is not None or params.stop:
             reason, new_text = self._new_text(seq, reason)
         if reason:
             self._finish(seq, reason, now)
