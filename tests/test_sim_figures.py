@@ -12,15 +12,15 @@ from engine.sim.run import SimSpec, simulate
 
 SPECS = {
     "over": SimSpec("llama-3.1-70b", "h100", gpus=16, tp=8, dtype="fp8", kv_dtype="fp8", input_tokens=1000,
-                 output_tokens=250, num_requests=1500, rate=300.0),
+                    output_tokens=250, num_requests=1500, rate=300.0),
     "preempt": SimSpec("llama-3.1-8b", "l4", gpus=2, tp=1, input_tokens=800, output_tokens=400,
-                    input_range_ratio=0.5, num_requests=300, rate=50.0, seed=3),
+                       input_range_ratio=0.5, num_requests=300, rate=50.0, seed=3),
     "reserve": SimSpec("llama-3.1-8b", "l4", gpus=1, tp=1, input_tokens=600, output_tokens=300,
-                    num_requests=200, rate=20.0, admission="reserve", max_num_seqs=64),
+                       num_requests=200, rate=20.0, admission="reserve", max_num_seqs=64),
     "prefix": SimSpec("llama-3.1-8b", "h100", gpus=2, tp=1, dtype="fp8", input_tokens=500,
-                   output_tokens=100, num_requests=400, rate=80.0, prefix_caching=True, seed=1),
+                      output_tokens=100, num_requests=400, rate=80.0, prefix_caching=True, seed=1),
     "disagg": SimSpec("llama-3.1-8b", "h100", gpus=4, tp=1, dtype="fp8", input_tokens=500,
-                   output_tokens=100, num_requests=300, rate=100.0, prefill_gpus=1, decode_gpus=3),
+                      output_tokens=100, num_requests=300, rate=100.0, prefill_gpus=1, decode_gpus=3),
 }
 
 # (output_tok_s, ttft_p50_s, tpot_p50_s, preemptions, steps, completed), from main at d13a560.
