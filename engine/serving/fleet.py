@@ -80,11 +80,11 @@ class Fleet:
         model: (name, context length) of a simulated model: no file is read, no tokenizer."""
         self.replica_factory: ReplicaFactory = replica_factory or ReplicaHandle
         self.clock = clock
-        self.tokenizer: ChatTokenizer | None = None
+        self._tokenizer: ChatTokenizer | None = None
         if model is None:
             path = engine_config.model or str(default_gguf_path())
             self.model_name = DEFAULT_MODEL_NAME if engine_config.model is None else Path(path).stem
-            self.tokenizer = load_tokenizer(path)
+            self._tokenizer = load_tokenizer(path)
             self.context_length = context_length(Path(path))
         else:
             self.model_name, self.context_length = model
@@ -115,6 +115,12 @@ class Fleet:
             self._start(self._spare_cores(), serve=False)
         self.driver.every(Router.DISPATCH_POLL_S, self.router.dispatch_step, wake=self.router.wake)
         self.driver.every(1.0 / SNAPSHOT_HZ, self.publish_step)
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        if self._tokenizer is None:  # a simulated fleet (model=...) is handed token ids only
+            raise RuntimeError(f"{self.model_name}: a simulated fleet has no tokenizer")
+        return self._tokenizer
 
     @property
     def warm_pool(self) -> int:
