@@ -125,7 +125,7 @@ class Autoscaler:
         self._own_driver: WallClockDriver | None = None
         self._runs = 0
         self._lock = threading.Lock()
-        if config.warm_pool is not None:
+        if config.warm_pool is not None:  # the pool first: its orders keep the delay of the moment
             fleet.set_warm_pool(config.warm_pool)
         if config.provision_delay_s is not None:
             fleet.set_provision_delay(config.provision_delay_s)
