@@ -78,6 +78,17 @@ def test_a_warm_pool_replica_serves_at_once(cold: dict[str, Any], warm: dict[str
     every_request_answered(warm, 1200)
 
 
+def test_settling_drains_back_to_min_replicas_after_the_long_window() -> None:
+    result = simulate_fleet(burst(settle=True, provision_delay_s=1.0), WINDOWS)
+    deltas = [e["delta"] for e in result["scale_events"]]
+    assert deltas == [1, -1], result["scale_events"]
+    down = result["scale_events"][-1]
+    assert "draining replica" in down["message"]
+    assert down["t"] >= result["scale_events"][0]["t"] + WINDOWS["down_window_s"]  # a capacity change restarts it
+    assert result["simulated_s"] < result["settled_s"]  # the figures span the work, not the idle tail
+    every_request_answered(result, 1200)
+
+
 def test_a_killed_replica_is_replaced_and_no_request_is_lost() -> None:
     result = simulate_fleet(burst(kill_replica_at_s=3.0, provision_delay_s=1.0), WINDOWS)
     assert "replica 0 killed" in result["refused"]  # what was on it failed, saying why

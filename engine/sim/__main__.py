@@ -66,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--storage-gbs", type=float, default=SimSpec.storage_bw / 1e9,
                    help="GB/s each GPU reads its weight shard at (engine/sim/constants.py STORAGE_BW)")
     a.add_argument("--timeline-s", type=float, default=SimSpec.timeline_s, help="one timeline row per this long")
+    a.add_argument("--settle", type=_bool, default=False,
+                   help="after the last request, run on until the fleet has drained back to --min-replicas")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p
 
@@ -86,7 +88,7 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
         autoscale=args.autoscale, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
         warm_pool=args.warm_pool, provision_delay_s=args.provision_delay_s, storage_bw=args.storage_gbs * 1e9,
-        timeline_s=args.timeline_s,
+        timeline_s=args.timeline_s, settle=args.settle,
     )
 
 

@@ -117,10 +117,16 @@ def simulate_fleet(spec: SimSpec, autoscaler_settings: dict[str, Any] | None = N
             refused[r.request_id] = err.reason
         fleet.router.dispatch_once()  # submit wakes the live dispatcher at once
 
+    work_done_at: list[float] = []
+
     def check_done() -> bool:
         busy = any(r.busy for r in made) or len(fleet.router.queue) > 0 or not _answered(streams)
         if arrived[0] < len(requests) or busy:
+            work_done_at.clear()  # a request still to come or still running
             return True
+        work_done_at[:] = work_done_at or [clock.now()]
+        if spec.settle and (len(fleet.replicas) > fewest or fleet.retiring):
+            return True  # idle: the autoscaler drains back to min_replicas, one long window a time
         auto.stop()
         fleet.stop()  # its steps end, and with nothing left the loop runs out
         return False
@@ -133,7 +139,8 @@ def simulate_fleet(spec: SimSpec, autoscaler_settings: dict[str, Any] | None = N
     loop.run()
 
     take_errors(streams, rec.finished, refused)
-    result = summarize(rec, clock.now(), spec.gpus)
+    served_s = work_done_at[0] if work_done_at else clock.now()  # the figures span the work, not the settling
+    result = summarize(rec, served_s, spec.gpus)
     wall_s = elapsed()
     reasons: dict[str, int] = {}
     for reason in refused.values():
@@ -144,7 +151,8 @@ def simulate_fleet(spec: SimSpec, autoscaler_settings: dict[str, Any] | None = N
         "preemptions": sum(r.engine.scheduler.num_preemptions for r in made),
         "replicas": max((row["replicas"].get(ReplicaState.READY, 0) for row in timeline), default=fewest),
         "prefill_replicas": 0,
-        "simulated_s": clock.now(),
+        "simulated_s": served_s,
+        "settled_s": clock.now(),
         "wall_s": wall_s,
         "sim_s_per_wall_s": clock.now() / wall_s,
         "refused": reasons,

@@ -62,6 +62,7 @@ class SimSpec:
     provision_delay_s: float = LEVERS["provision_delay_s"].default
     storage_bw: float = C.STORAGE_BW  # bytes/s per GPU: a cold start loads its weight shard at this
     timeline_s: float = 1.0  # the autoscaled run's timeline: one row per this many simulated seconds
+    settle: bool = False  # after the last request, run on idle until the fleet is back at min_replicas
 
     def replica_bounds(self) -> tuple[int, int]:
         """(fewest, most) replicas of an autoscaled run, checked against the GPUs."""
