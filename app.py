@@ -37,8 +37,12 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
         rate_limit=values["rate_limit"] or None,
         api_keys=keys,
     )
-    # The autoscaler grows the fleet from its fewest, within the devices gpu_count grants.
-    fleet = Fleet(engine_config, router_config, FleetConfig(replica_bounds(values)[0], drain_timeout_s))
+    # The autoscaler grows the fleet from its fewest, within the devices gpu_count grants; the warm
+    # pool is loaded from the start, as the first replicas are.
+    fleet_config = FleetConfig(
+        replica_bounds(values)[0], drain_timeout_s, values["warm_pool"], values["provision_delay_s"]
+    )
+    fleet = Fleet(engine_config, router_config, fleet_config)
     return LiveLab(fleet, values)
 
 

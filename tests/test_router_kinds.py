@@ -1,7 +1,8 @@
-"""The same router tests over both kinds of replica behind it: live replica processes (a real
-model on this machine's cores) and simulated ones (the engine's own LLMEngine with the cost model
-on a VirtualClock). Only how time passes differs: live tests wait on the streams, simulated ones
-run the event loop until the streams have answered."""
+"""The same router tests over both kinds of replica behind the same Fleet: live replica processes
+(a real model on this machine's cores, the fleet's default factory and WallClockDriver) and
+simulated ones (the engine's own LLMEngine with the cost model, made by a factory, the fleet's
+steps on the EventLoop's VirtualClock). Only how time passes differs: live tests wait on the
+streams, simulated ones run the event loop until the streams have answered."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.serving.fleet import Fleet, FleetConfig
 from engine.serving.messages import RequestError
 from engine.serving.replica import ReplicaHandle
 from engine.serving.replica_api import ReplicaState
-from engine.serving.router import Router, RouterConfig
+from engine.serving.router import RouterConfig
 from engine.sim.deployment import Deployment
 from engine.sim.devices import get_device
 from engine.sim.loop import EventLoop
@@ -30,12 +32,16 @@ LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 CONFIG = EngineConfig(dtype="bfloat16", max_num_seqs=2)
 
 
+def router_config() -> RouterConfig:
+    return RouterConfig(queue_cap=16, deadline_s=None)
+
+
 class Live:
     def __init__(self) -> None:
-        self.replicas = [ReplicaHandle(i, CONFIG, cores=[i % 2]) for i in range(2)]
-        for r in self.replicas:
-            assert r.wait_ready(), r.error
-        self.router = Router(self.replicas, RouterConfig(queue_cap=16, deadline_s=None))
+        self.fleet = Fleet(CONFIG, router_config(), FleetConfig(replicas=2))
+        assert self.fleet.wait_ready(), self.fleet.replica_states()
+        self.router = self.fleet.router
+        self.replicas = list(self.fleet.replicas)
 
     def wait(self, cond: Callable[[], bool], timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout
@@ -47,9 +53,7 @@ class Live:
         replica.process.kill()
 
     def close(self) -> None:
-        self.router.close()
-        for r in self.replicas:
-            r.stop()
+        self.fleet.stop()
 
 
 class Sim:
@@ -57,12 +61,15 @@ class Sim:
         self.loop = EventLoop()
         dep = Deployment(get_model("smollm2-135m"), get_device("l4"))
         clock = self.loop.clock
-        self.replicas = [
-            SimReplica(i, LLMEngine(CONFIG, clock, sim_executor(dep, CONFIG)), self.loop, lambda seq: None)
-            for i in range(2)
-        ]
-        self.router = Router(self.replicas, RouterConfig(queue_cap=16, deadline_s=None), clock, dispatch_thread=False)
-        self.loop.every(Router.DISPATCH_POLL_S, lambda: self.router.dispatch_once() >= 0)
+
+        def new_replica(replica_id: int, config: EngineConfig, **kw: object) -> SimReplica:
+            engine = LLMEngine(config, clock, sim_executor(dep, config))
+            return SimReplica(replica_id, engine, self.loop, lambda seq: None, on_message=kw.get("on_message"))  # type: ignore[arg-type]
+
+        model = (dep.model.name, dep.model.cfg.max_position)
+        self.fleet = Fleet(CONFIG, router_config(), FleetConfig(replicas=2), new_replica, clock, self.loop, model)
+        self.router = self.fleet.router
+        self.replicas = list(self.fleet.replicas)
 
     def wait(self, cond: Callable[[], bool], timeout: float = 600.0) -> None:
         self.loop.run(until=self.loop.clock.now() + timeout, done=cond)
@@ -72,7 +79,7 @@ class Sim:
         replica.fail(f"replica {replica.replica_id} died")
 
     def close(self) -> None:
-        pass
+        self.fleet.stop()
 
 
 @pytest.fixture(params=[Live, Sim], ids=["live", "sim"])
@@ -115,7 +122,7 @@ def test_a_draining_replica_finishes_its_residents_and_gets_nothing_new(kind):
     kind.wait(lambda: first.num_in_flight + second.num_in_flight == 1)
     holder = first if first.num_in_flight else second
     other = second if holder is first else first
-    holder.drain()
+    kind.fleet.retire(holder)  # scale-in: the fleet takes it from the router, then it drains
     late = [kind.router.submit(f"late-{i}", [400 + i] * 20, SHORT) for i in range(2)]
     kind.wait(lambda: len(kind.router.queue) == 0)
     assert holder.num_in_flight == 1 and other.num_in_flight == 2
@@ -136,3 +143,5 @@ def test_a_failed_replica_fails_its_requests_and_the_router_moves_on(kind):
     after = [kind.router.submit(f"after-{i}", [600 + i] * 20, SHORT) for i in range(3)]
     assert all(outcome(kind, s)[-1].finish_reason == "length" for s in after)
     assert victim.num_in_flight == 0
+    kind.wait(lambda: victim not in kind.fleet.replicas)  # shown a while, then it leaves the set
+    assert victim not in kind.router.replicas

@@ -8,31 +8,37 @@ every signal low for the whole long window (down_window_s) drains one. Replicas 
 or provisioning count as capacity already ordered, so a queue that is already being answered
 never orders again; any change in capacity restarts both windows, so flapping load cannot flap
 the fleet. `decide` is pure (signals in, a Decision out) so tests feed it recorded traces on a
-VirtualClock; `tick` is the actuator that reads the fleet and calls it."""
+VirtualClock; `tick` is the actuator that reads the fleet and calls it, one round at the clock's
+now(): a driver runs it every tick_s (a thread live, the EventLoop in simulation)."""
 
 from __future__ import annotations
 
 import logging
 import math
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
 from engine.clock import WALL_CLOCK, Clock
+from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.events import EventLog
+from engine.serving.replica_api import PoolState, ReplicaState
 
 log = logging.getLogger("servelab.autoscaler")
 
-ORDERED = ("starting", "provisioning")  # replica states that are capacity on its way
+ORDERED = (ReplicaState.STARTING, PoolState.PROVISIONING)  # replica states that are capacity on its way
 LEVERS = ("min_replicas", "max_replicas", "warm_pool", "provision_delay_s")  # engine/levers.py keys it takes live
+FLEET_SETTINGS = ("warm_pool", "provision_delay_s")  # the fleet keeps these; the autoscaler passes them on
 
 
 @dataclass
 class AutoscalerConfig:
     min_replicas: int = 1
     max_replicas: int = 2
-    warm_pool: int = 0  # loaded, idle replicas kept aside: a scale-up from them takes under a second
-    provision_delay_s: float = 5.0  # a cold start waits this long (a GPU being provisioned), then loads
+    # Orders for the fleet, which keeps them (FleetConfig): set on it when the autoscaler is made,
+    # never held here after. None leaves the fleet's.
+    warm_pool: int | None = None
+    provision_delay_s: float | None = None
     up_window_s: float = 5.0  # pressure this long scales up
     down_window_s: float = 30.0  # calm this long scales down
     queue_high: float = 8.0  # queued requests per ready replica above which the fleet is behind
@@ -74,9 +80,9 @@ class Signals:
             queued=snap.get("queue_depth", 0) + snap.get("waiting", 0),
             slot_util=snap.get("batch_size", 0) / slots if slots else 0.0,
             kv_util=snap.get("kv_used_blocks", 0) / kv if kv else 0.0,
-            ready=states.get("ready", 0),
+            ready=states.get(ReplicaState.READY, 0),
             starting=sum(states.get(s, 0) for s in ORDERED),
-            draining=states.get("draining", 0),
+            draining=states.get(ReplicaState.DRAINING, 0),
         )
 
 
@@ -90,6 +96,8 @@ class Scalable(Protocol):
     """What the autoscaler needs of a fleet (engine.serving.fleet.Fleet)."""
 
     events: EventLog
+    warm_pool: int | None
+    provision_delay_s: float | None
 
     def snapshot(self) -> dict[str, Any]: ...
     def scale_up(self, count: int = 1) -> str: ...
@@ -99,12 +107,13 @@ class Scalable(Protocol):
 
 
 class Autoscaler:
-    """Decides on a timer (start/stop) or when ticked. It owns its fleet's warm_pool and
-    provision_delay_s: set from the config here, changed live by reconfigure."""
+    """Decides when ticked: by a driver after start(), or by hand. The fleet's warm_pool and
+    provision_delay_s pass through it (from the config here, live by reconfigure)."""
 
     def __init__(self, fleet: Scalable, config: AutoscalerConfig | None = None, clock: Clock = WALL_CLOCK) -> None:
         self.fleet = fleet
-        self.config = config or AutoscalerConfig()
+        config = config or AutoscalerConfig()
+        self.config = replace(config, warm_pool=None, provision_delay_s=None)
         self.clock = clock
         self.decisions: list[Decision] = []  # every decision acted on or told, oldest first
         self._hot_since: float | None = None
@@ -112,11 +121,14 @@ class Autoscaler:
         self._held = False  # a hold was told in this pressure streak
         self._last_capacity: tuple[int, int] | None = None
         self._last = ""  # the last decision's message, for status()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._driver: Driver | None = None
+        self._own_driver: WallClockDriver | None = None
+        self._runs = 0
         self._lock = threading.Lock()
-        fleet.set_warm_pool(self.config.warm_pool)
-        fleet.set_provision_delay(self.config.provision_delay_s)
+        if config.warm_pool is not None:  # the pool first: its orders keep the delay of the moment
+            fleet.set_warm_pool(config.warm_pool)
+        if config.provision_delay_s is not None:
+            fleet.set_provision_delay(config.provision_delay_s)
 
     # the decision -------------------------------------------------------------------------------
 
@@ -209,10 +221,11 @@ class Autoscaler:
             raise ValueError(f"not autoscaler settings: {sorted(unknown)}")
         with self._lock:
             for key, value in changes.items():
-                setattr(self.config, key, value)
-            if "warm_pool" in changes:
+                if key not in FLEET_SETTINGS:
+                    setattr(self.config, key, value)
+            if changes.get("warm_pool") is not None:
                 self.fleet.set_warm_pool(int(changes["warm_pool"]))
-            if "provision_delay_s" in changes:
+            if changes.get("provision_delay_s") is not None:
                 self.fleet.set_provision_delay(float(changes["provision_delay_s"]))
 
     def status(self) -> dict[str, Any]:
@@ -220,31 +233,43 @@ class Autoscaler:
         now = self.clock.now()
         return {
             "running": self.running,
-            "config": asdict(self.config),
+            "config": asdict(self.config)
+            | {"warm_pool": self.fleet.warm_pool, "provision_delay_s": self.fleet.provision_delay_s},
             "pressure_for_s": None if self._hot_since is None else round(now - self._hot_since, 1),
             "calm_for_s": None if self._calm_since is None else round(now - self._calm_since, 1),
             "last_decision": self._last,
         }
 
-    def start(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
+    def start(self, driver: Driver | None = None) -> None:
+        """Tick every tick_s on `driver` (the simulation's EventLoop), or live on a thread of its own."""
+        if self.running:
             return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="autoscaler", daemon=True)
-        self._thread.start()
+        if driver is None:
+            driver = self._own_driver = WallClockDriver("autoscaler")
+        self._driver, self._runs = driver, self._runs + 1
+        run = self._runs  # a stop() and start() later, this run's ticks end
+
+        def step() -> bool:
+            return self._tick_step(run)
+
+        # The first tick waits a period, as a timer's does: the fleet has just been made.
+        driver.after(self.config.tick_s, lambda: driver.every(self.config.tick_s, step))
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._driver = None
+        if self._own_driver is not None:
+            self._own_driver.stop()
+            self._own_driver = None
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._driver is not None
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.config.tick_s):
-            try:
-                self.tick()
-            except Exception:  # a bad tick must not end autoscaling
-                log.exception("autoscaler tick failed")
+    def _tick_step(self, run: int) -> bool:
+        if self._driver is None or run != self._runs:
+            return False
+        try:
+            self.tick()
+        except Exception:  # a bad tick must not end autoscaling
+            log.exception("autoscaler tick failed")
+        return True

@@ -1,41 +1,49 @@
 """The fleet: the replicas, the router in front of them, the metrics bus, and the server's
 lifecycle (ready, draining, stopped). What the API layer talks to; it holds no model itself,
-only the tokenizer, so the front process stays light."""
+only the tokenizer, so the front process stays light. No loop of its own: watching, snapshots,
+dispatch and provisioning are steps its driver runs (threads live, the EventLoop simulated)."""
 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
+from engine.levers import LEVERS
 from engine.model.gguf_file import context_length
 from engine.model.paths import DEFAULT_MODEL_NAME, default_gguf_path
 from engine.model.tokenizer import ChatTokenizer, load_tokenizer
 from engine.sampling_params import SamplingParams
+from engine.serving.cores import spare_cores, split_cores
+from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.events import EventLog
 from engine.serving.metrics import MetricsBus
 from engine.serving.replica import ReplicaHandle
-from engine.serving.replica_api import ReplicaFactory
+from engine.serving.replica_api import ENDED, SERVING, PoolState, ReplicaFactory, ReplicaState
 from engine.serving.router import AdmissionError, Router, RouterConfig
 
 log = logging.getLogger("servelab.fleet")
 
+POOL_NAMES = {ReplicaState.READY: PoolState.WARM, ReplicaState.STARTING: PoolState.WARMING}
 FAILED_SHOWN_S = 10.0  # a failed replica stays in the set (and on the charts) this long
 SNAPSHOT_HZ = 6.0  # the live stream promises at least 5 a second
 
 
 @dataclass
 class FleetConfig:
+    """The fleet's own settings. warm_pool and provision_delay_s live here and only here (the
+    fleet is what provisions): the autoscaler and the lab set them through the fleet."""
+
     replicas: int = 1
     drain_timeout_s: float = 30.0
-    warm_pool: int = 0  # replicas loaded and idle, not routed to: a scale-up takes one in under a second
-    provision_delay_s: float = 0.0  # what a cold start waits before it loads (a GPU being provisioned)
+    warm_pool: int = LEVERS["warm_pool"].default  # loaded, idle, not routed to: promoted in under a second
+    provision_delay_s: float = LEVERS["provision_delay_s"].default  # a cold start waits this, then loads
 
 
 @dataclass
@@ -44,16 +52,7 @@ class Order:
 
     pool: bool  # for the warm pool, or to serve
     delay_s: float
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-
-def split_cores(num_replicas: int) -> list[list[int]]:
-    """Each replica gets its share of this process's cores (they share when there are fewer)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if num_replicas >= len(cores):
-        return [[cores[i % len(cores)]] for i in range(num_replicas)]
-    per = len(cores) // num_replicas
-    return [cores[i * per : (i + 1) * per] for i in range(num_replicas)]
+    cancelled: bool = False
 
 
 class Fleet:
@@ -72,41 +71,64 @@ class Fleet:
         fleet_config: FleetConfig,
         replica_factory: ReplicaFactory | None = None,
         clock: Clock = WALL_CLOCK,
+        driver: Driver | None = None,
+        model: tuple[str, int] | None = None,
     ) -> None:
         """replica_factory(replica_id, config, cores=, on_message=) makes each replica; None: a
         ReplicaHandle (a live replica process). clock: what the fleet, its router, bus and event
-        log read time from."""
+        log read time from. driver: what runs its steps; None: a WallClockDriver of its own.
+        model: (name, context length) of a simulated model: no file is read, no tokenizer."""
         self.replica_factory: ReplicaFactory = replica_factory or ReplicaHandle
         self.clock = clock
-        path = engine_config.model or str(default_gguf_path())
-        self.model_name = DEFAULT_MODEL_NAME if engine_config.model is None else Path(path).stem
-        self.tokenizer: ChatTokenizer = load_tokenizer(path)
+        self._tokenizer: ChatTokenizer | None = None
+        if model is None:
+            path = engine_config.model or str(default_gguf_path())
+            self.model_name = DEFAULT_MODEL_NAME if engine_config.model is None else Path(path).stem
+            self._tokenizer = load_tokenizer(path)
+            self.context_length = context_length(Path(path))
+        else:
+            self.model_name, self.context_length = model
         self.engine_config = engine_config
         self.fleet_config = fleet_config
         self.events = EventLog(clock)
         self.bus = MetricsBus(clock, events=self.events)
         router_config.block_size = engine_config.block_size
-        self.context_length = context_length(Path(path))
         router_config.max_model_len = min(engine_config.max_model_len or self.context_length, self.context_length)
-        self.router = Router([], router_config, clock, events=self.events)
-        self.replicas: list[ReplicaHandle] = []  # serving, or starting to
-        self.retiring: list[ReplicaHandle] = []  # draining: no new work, finishing their residents
-        self.warm: list[ReplicaHandle] = []  # the warm pool: loaded (or loading), idle, not routed to
+        self.router = Router([], router_config, clock, events=self.events, dispatch_thread=False)
+        self.replicas: list[Any] = []  # serving, or starting to
+        self.retiring: list[Any] = []  # draining: no new work, finishing their residents
+        self.warm: list[Any] = []  # the warm pool: loaded (or loading), idle, not routed to
         self.orders: list[Order] = []  # replicas being provisioned
-        self.warm_pool = fleet_config.warm_pool
-        self.provision_delay_s = fleet_config.provision_delay_s
+        self._own_driver = driver is None
+        self.driver: Driver = WallClockDriver("fleet") if driver is None else driver
         self._cores: dict[int, list[int]] = {}
         self._next_id = 0
         self._lock = threading.RLock()
         self._last_states: dict[int, str] = {}
         self._failed_at: dict[int, float] = {}
+        self.draining = False
+        self._stopped = False
+        self._drained = threading.Event()
+        self._subscribers: list[Callable[[dict], None]] = []
         self.set_replica_count(fleet_config.replicas)
         for _ in range(self.warm_pool):  # the first pool is there from the start, like the first replicas
             self._start(self._spare_cores(), serve=False)
-        self.draining = False
-        self._drained = threading.Event()
-        self._subscribers: list[Callable[[dict], None]] = []
-        threading.Thread(target=self._publish, name="snapshots", daemon=True).start()
+        self.driver.every(Router.DISPATCH_POLL_S, self.router.dispatch_step, wake=self.router.wake)
+        self.driver.every(1.0 / SNAPSHOT_HZ, self.publish_step)
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        if self._tokenizer is None:  # a simulated fleet (model=...) is handed token ids only
+            raise RuntimeError(f"{self.model_name}: a simulated fleet has no tokenizer")
+        return self._tokenizer
+
+    @property
+    def warm_pool(self) -> int:
+        return self.fleet_config.warm_pool
+
+    @property
+    def provision_delay_s(self) -> float:
+        return self.fleet_config.provision_delay_s
 
     # the replica set ----------------------------------------------------------------------------
 
@@ -119,7 +141,7 @@ class Fleet:
             while len(self.replicas) < count:
                 self._start(cores[len(self.replicas)])
 
-    def _start(self, cores: list[int], serve: bool = True) -> ReplicaHandle:
+    def _start(self, cores: list[int], serve: bool = True) -> Any:
         """A new replica process: serving (the router sees it once ready), or into the warm pool
         (no metrics until promoted, so idle pool replicas do not dilute the fleet's utilisation)."""
         on_message = self.bus.observe if serve else None
@@ -134,12 +156,7 @@ class Fleet:
         return replica
 
     def _spare_cores(self) -> list[int]:
-        """The least-used core, for a replica started beside the others (they share when few)."""
-        use = dict.fromkeys(sorted(os.sched_getaffinity(0)), 0)
-        for replica in self.replicas + self.warm:
-            for core in self._cores.get(replica.replica_id, []):
-                use[core] = use.get(core, 0) + 1
-        return [min(use, key=use.__getitem__)]
+        return spare_cores(self._cores.get(r.replica_id, []) for r in self.replicas + self.warm)
 
     # scaling (the autoscaler's actuator) --------------------------------------------------------
 
@@ -149,9 +166,9 @@ class Fleet:
         done = []
         with self._lock:
             for _ in range(count):
-                pool = [r for r in self.warm if r.state in ("ready", "starting")]
+                pool = [r for r in self.warm if r.state in SERVING]
                 if pool:
-                    replica = min(pool, key=lambda r: r.state != "ready")
+                    replica = min(pool, key=lambda r: r.state != ReplicaState.READY)
                     self.warm.remove(replica)
                     replica.on_message = self.bus.observe
                     self.replicas.append(replica)
@@ -171,22 +188,22 @@ class Fleet:
             if serving_orders:
                 self._cancel(serving_orders[-1])
                 return "cancelled a replica still provisioning"
-            candidates = [r for r in self.replicas if r.state in ("starting", "ready")]
+            candidates = [r for r in self.replicas if r.state in SERVING]
             if not candidates:
                 return "nothing to drain"
-            replica = min(candidates, key=lambda r: (r.state == "ready", r.num_in_flight))
+            replica = min(candidates, key=lambda r: (r.state == ReplicaState.READY, r.num_in_flight))
             residents = replica.num_in_flight
             self.retire(replica)
             return f"draining replica {replica.replica_id}, {residents} request(s) still on it"
 
     def set_warm_pool(self, count: int) -> None:
         with self._lock:
-            self.warm_pool = count
+            self.fleet_config.warm_pool = count
             self._fill_pool()
 
     def set_provision_delay(self, seconds: float) -> None:
         """Applies to orders from now on; ones already waiting keep their delay."""
-        self.provision_delay_s = seconds
+        self.fleet_config.provision_delay_s = seconds
 
     def _fill_pool(self) -> None:
         """Order pool replicas up to warm_pool, or let the extra ones go (orders first)."""
@@ -196,7 +213,7 @@ class Fleet:
         excess = max(0, len(self.warm) + len(pool_orders) - self.warm_pool)
         for order in pool_orders[:excess]:
             self._cancel(order)
-        for replica in sorted(self.warm, key=lambda r: r.state == "ready")[: max(0, excess - len(pool_orders))]:
+        for replica in sorted(self.warm, key=lambda r: r.state == ReplicaState.READY)[: max(0, excess - len(pool_orders))]:
             self.warm.remove(replica)
             self.retiring.append(replica)
             replica.drain()  # idle: it stops at once
@@ -204,22 +221,21 @@ class Fleet:
     def _order(self, pool: bool) -> None:
         order = Order(pool, self.provision_delay_s)
         self.orders.append(order)
-        threading.Thread(target=self._provision, args=(order,), name="provision", daemon=True).start()
+        self.driver.after(order.delay_s, lambda: self._provision(order))
 
     def _provision(self, order: Order) -> None:
-        if order.cancelled.wait(order.delay_s):
-            return
+        """The machine came: the replica starts (and loads) unless the order was cancelled."""
         with self._lock:
-            if order.cancelled.is_set():
+            if order.cancelled or self._stopped:
                 return
             self.orders.remove(order)
             self._start(self._spare_cores(), serve=not order.pool)
 
     def _cancel(self, order: Order) -> None:
-        order.cancelled.set()
+        order.cancelled = True
         self.orders.remove(order)
 
-    def retire(self, replica: ReplicaHandle) -> None:
+    def retire(self, replica: Any) -> None:
         """Scale-in is a drain: the router stops sending at once, the replica finishes what it
         holds, then stops; no stream is cut."""
         with self._lock:
@@ -239,10 +255,10 @@ class Fleet:
                 self.retire(replica)
             for order in list(self.orders):
                 self._cancel(order)
-            pool, self.warm_pool = self.warm_pool, 0
+            pool, self.fleet_config.warm_pool = self.warm_pool, 0
             self._fill_pool()  # the old pool goes too
             self.set_replica_count(len(old) if count is None else count)
-            self.warm_pool = pool
+            self.fleet_config.warm_pool = pool
             for _ in range(pool):  # a rebuild restarts on machines already held: no provisioning
                 self._start(self._spare_cores(), serve=False)
 
@@ -260,25 +276,28 @@ class Fleet:
         """callback(snapshot) SNAPSHOT_HZ times a second (the web layer's live charts)."""
         self._subscribers.append(callback)
 
-    def _publish(self) -> None:
-        period, due = 1.0 / SNAPSHOT_HZ, self.clock.now()
-        while not self._drained.wait(max(0.0, (due := due + period) - self.clock.now())):
-            self._watch_replicas()
-            if self._subscribers:
-                snap = self.snapshot()
-                for callback in list(self._subscribers):
-                    callback(snap)
+    def publish_step(self) -> bool:
+        """A driver's step, SNAPSHOT_HZ times a second: watch the replicas, then one snapshot to
+        every subscriber. False once stopped."""
+        if self._stopped:
+            return False
+        self.watch_once()
+        if self._subscribers:
+            snap = self.snapshot()
+            for callback in list(self._subscribers):
+                callback(snap)
+        return True
 
-    def _watch_replicas(self) -> None:
+    def watch_once(self) -> None:
         """Turn replica state changes into events, and forget retired replicas once stopped."""
         with self._lock:
-            for replica in [r for r in self.warm if r.state in ("stopped", "failed")]:
+            for replica in [r for r in self.warm if r.state in ENDED]:
                 self.warm.remove(replica)
                 self.retiring.append(replica)
             for replica in self.replicas + self.retiring + self.warm:
                 if self._last_states.get(replica.replica_id) != replica.state:
                     self._last_states[replica.replica_id] = replica.state
-                    why = f": {replica.error}" if replica.state == "failed" and replica.error else ""
+                    why = f": {replica.error}" if replica.state == ReplicaState.FAILED and replica.error else ""
                     where = " (warm pool)" if replica in self.warm else ""
                     self.events.emit(
                         "replica",
@@ -287,16 +306,16 @@ class Fleet:
                         state=replica.state,
                     )
             now = self.clock.now()
-            for replica in [r for r in self.replicas if r.state == "failed"]:
+            for replica in [r for r in self.replicas if r.state == ReplicaState.FAILED]:
                 # A failed replica (or shard group) stays on the charts a while, then leaves the set
                 # whole; the autoscaler sees the lost capacity and orders a fresh one.
                 failed_at = self._failed_at.setdefault(replica.replica_id, now)
-                replaced = any(r.state in ("starting", "ready") for r in self.replicas)
+                replaced = any(r.state in SERVING for r in self.replicas)
                 if now - failed_at >= FAILED_SHOWN_S and replaced:  # the last one stays: the router fails its queue
                     self.replicas.remove(replica)
                     self.router.set_replicas(self.replicas)
                     self.retiring.append(replica)
-            for replica in [r for r in self.retiring if r.state in ("stopped", "failed")]:
+            for replica in [r for r in self.retiring if r.state in ENDED]:
                 self._failed_at.pop(replica.replica_id, None)
                 self.retiring.remove(replica)
                 replica.stop()
@@ -309,17 +328,17 @@ class Fleet:
 
     @property
     def ready(self) -> bool:
-        return not self.draining and any(r.state == "ready" for r in self.replicas)
+        return not self.draining and any(r.state == ReplicaState.READY for r in self.replicas)
 
     def replica_states(self) -> dict[str, int]:
         """Serving replicas by state; retiring ones as "draining" until they stop (even one retired
         while loading, so it never counts as capacity); the pool as "warm" (loaded) or "warming";
         serving orders still waiting for their machine as "provisioning"."""
         with self._lock:
-            names = [r.state for r in self.replicas]
-            names += ["draining" if r.state in ("starting", "ready") else r.state for r in self.retiring]
-            names += [{"ready": "warm", "starting": "warming"}.get(r.state, r.state) for r in self.warm]
-            names += ["warming" if o.pool else "provisioning" for o in self.orders]
+            names: list[str] = [r.state for r in self.replicas]
+            names += [ReplicaState.DRAINING if r.state in SERVING else r.state for r in self.retiring]
+            names += [POOL_NAMES.get(r.state, r.state) for r in self.warm]
+            names += [PoolState.WARMING if o.pool else PoolState.PROVISIONING for o in self.orders]
         states: dict[str, int] = {}
         for name in names:
             states[name] = states.get(name, 0) + 1
@@ -355,20 +374,26 @@ class Fleet:
         self.draining = True
         self.set_warm_pool(0)
         deadline = self.clock.now() + self.fleet_config.drain_timeout_s
-        pause = threading.Event()
+        pause = threading.Event()  # a live shutdown: it waits on wall time by design
         while self.clock.now() < deadline and len(self.router.queue):  # queued work still goes out
             pause.wait(0.05)
         for replica in self.replicas:
             replica.drain()
-        while self.clock.now() < deadline and any(r.state == "draining" for r in self.replicas + self.retiring):
+        while self.clock.now() < deadline and any(
+            r.state == ReplicaState.DRAINING for r in self.replicas + self.retiring
+        ):
             pause.wait(0.05)
         self.stop()
 
     def stop(self) -> None:
+        """Stop every replica; the fleet's steps end at their next run (its own threads at once)."""
+        self._stopped = True
         self.router.close()
         with self._lock:
             for order in list(self.orders):
                 self._cancel(order)
         for replica in self.replicas + self.retiring + self.warm:
             replica.stop()
+        if self._own_driver and isinstance(self.driver, WallClockDriver):
+            self.driver.stop()
         self._drained.set()

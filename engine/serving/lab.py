@@ -24,6 +24,7 @@ from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.envelope import bottlenecks, envelope
 from engine.serving.events import EventLog
 from engine.serving.fleet import Fleet
+from engine.serving.replica_api import SERVING
 from engine.serving.traffic import TrafficDriver
 
 log = logging.getLogger("servelab.lab")
@@ -111,7 +112,7 @@ class LiveLab:
     def _rebuild(self) -> None:
         self.status = "rebuilding"
         fewest, most = replica_bounds(self.levers)
-        serving = sum(r.state in ("ready", "starting") for r in self.fleet.replicas)
+        serving = sum(r.state in SERVING for r in self.fleet.replicas)
         self.fleet.rebuild(
             self.fleet.engine_config.replace(**engine_fields(self.levers)), min(max(serving, fewest), most)
         )

@@ -84,4 +84,4 @@ class StepMessage:
     deltas: list[TokenDelta] = field(default_factory=list)
     errors: list[RequestError] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
-    state: str = "ready"  # starting, ready, draining, stopped, failed
+    state: str = "ready"  # a ReplicaState (a StrEnum: messages stay plain strings once pickled)

@@ -35,7 +35,7 @@ from engine.serving.messages import (
     Stop,
     TokenDelta,
 )
-from engine.serving.replica_api import ReplicaState, ReplicaStats
+from engine.serving.replica_api import ENDED, ReplicaState, ReplicaStats
 
 log = logging.getLogger("servelab.replica")
 
@@ -55,13 +55,13 @@ def replica_main(
     if cores:
         os.sched_setaffinity(0, cores)
         config = config.replace(num_threads=len(cores))
-    outbox.put(StepMessage(replica_id, clock.now(), state="starting"))
+    outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.STARTING))
     try:
         engine = LLMEngine(config)
     except Exception as exc:  # noqa: BLE001 - any load failure makes this replica failed
-        outbox.put(StepMessage(replica_id, clock.now(), state="failed", stats={"error": str(exc)}))
+        outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.FAILED, stats={"error": str(exc)}))
         return
-    state = "ready"
+    state = ReplicaState.READY
     bandwidth = copy_bandwidth_gbs(config.device)
 
     def stats() -> dict[str, Any]:
@@ -79,7 +79,7 @@ def replica_main(
         errors: list[RequestError] = []
         for cmd in commands:
             if isinstance(cmd, AddRequest):
-                if state != "ready":
+                if state != ReplicaState.READY:
                     errors.append(RequestError(cmd.request_id, None, f"replica {replica_id} is {state}"))
                     continue
                 try:
@@ -97,11 +97,11 @@ def replica_main(
             elif isinstance(cmd, Reconfigure):
                 engine.reconfigure(**cmd.changes)
             elif isinstance(cmd, Drain):
-                state = "draining"
+                state = ReplicaState.DRAINING
             elif isinstance(cmd, Stop):
                 engine.close()
                 errors += [RequestError(rid, None, "replica stopped") for rid in engine.requests]
-                outbox.put(StepMessage(replica_id, clock.now(), errors=errors, stats=stats(), state="stopped"))
+                outbox.put(StepMessage(replica_id, clock.now(), errors=errors, stats=stats(), state=ReplicaState.STOPPED))
                 return
         deltas = []
         if engine.has_work():
@@ -111,13 +111,13 @@ def replica_main(
             except ShardGroupError as exc:  # a tensor-parallel rank hung or died: the group is gone
                 errors += [RequestError(rid, None, str(exc)) for rid in engine.requests]
                 outbox.put(
-                    StepMessage(replica_id, clock.now(), errors=errors, stats={"error": str(exc)}, state="failed")
+                    StepMessage(replica_id, clock.now(), errors=errors, stats={"error": str(exc)}, state=ReplicaState.FAILED)
                 )
                 return
             progress["step_started"] = None
-        if state == "draining" and not engine.has_work():
+        if state == ReplicaState.DRAINING and not engine.has_work():
             engine.close()
-            outbox.put(StepMessage(replica_id, clock.now(), deltas, errors, stats(), state="stopped"))
+            outbox.put(StepMessage(replica_id, clock.now(), deltas, errors, stats(), state=ReplicaState.STOPPED))
             return
         now = clock.now()
         if deltas or errors or now - last_sent >= heartbeat_s:
@@ -311,35 +311,35 @@ class ReplicaHandle:
                     events.put(error)
             if msg.stats:
                 self.stats = ReplicaStats.from_dict(msg.stats)
-            if msg.state == "failed":
+            if msg.state == ReplicaState.FAILED:
                 self.error = msg.stats.get("error")
             if not (self.state == ReplicaState.DRAINING and msg.state == ReplicaState.READY):
                 self.state = ReplicaState(msg.state)
-        if msg.state in ("ready", "failed", "stopped"):
+        if msg.state in (ReplicaState.READY, *ENDED):
             self._ready.set()
-        if msg.state in ("stopped", "failed"):
+        if msg.state in ENDED:
             self._end(msg.state, self.error or f"replica {self.replica_id} {msg.state}")
 
     def _check_alive(self) -> None:
         if not self.process.is_alive():
-            self._end("failed", f"replica {self.replica_id} died (exit code {self.process.exitcode})")
+            self._end(ReplicaState.FAILED, f"replica {self.replica_id} died (exit code {self.process.exitcode})")
         elif self.state == ReplicaState.STARTING:
             return  # loading the model sends nothing for a while
         elif (now := WALL_CLOCK.now()) - self.last_seen > self.heartbeat_timeout_s:
             self.process.kill()  # frozen (e.g. SIGSTOP): fail it loudly rather than wait on it
-            self._end("failed", f"replica {self.replica_id} sent nothing for {self.heartbeat_timeout_s:.1f} s")
+            self._end(ReplicaState.FAILED, f"replica {self.replica_id} sent nothing for {self.heartbeat_timeout_s:.1f} s")
         elif self.step_started is not None and now - self.step_started > self.step_timeout_s:
             self.process.kill()
-            self._end("failed", f"replica {self.replica_id} stuck in one step for {self.step_timeout_s:.0f} s")
+            self._end(ReplicaState.FAILED, f"replica {self.replica_id} stuck in one step for {self.step_timeout_s:.0f} s")
 
-    def _end(self, state: str, reason: str) -> None:
+    def _end(self, state: ReplicaState, reason: str) -> None:
         with self._lock:
             if self.state != ReplicaState.STOPPED:
                 self.state = ReplicaState(state)
             streams, self._streams = self._streams, {}
         for request_id, events in streams.items():
             events.put(RequestError(request_id, None, reason))
-        if state == "failed":
+        if state == ReplicaState.FAILED:
             log.warning(reason)
         self._ready.set()
         self._ended.set()

@@ -23,6 +23,17 @@ class ReplicaState(enum.StrEnum):
 
 
 ENDED = (ReplicaState.STOPPED, ReplicaState.FAILED)
+SERVING = (ReplicaState.STARTING, ReplicaState.READY)  # capacity: loaded, or loading to serve
+
+
+class PoolState(enum.StrEnum):
+    """How the fleet counts what is not (yet) a serving replica, beside ReplicaState's names in
+    Fleet.replica_states(): a warm pool replica loaded or still coming, a serving order waiting
+    for its machine."""
+
+    WARM = "warm"
+    WARMING = "warming"
+    PROVISIONING = "provisioning"
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from engine.block_manager import blocks_for
 from engine.clock import WALL_CLOCK, Clock
 from engine.errors import ServingError
 from engine.sampling_params import SamplingParams
+from engine.serving.driver import WallClockDriver
 from engine.serving.events import EventLog
 from engine.serving.messages import RequestError
 from engine.serving.rate_limit import RateLimiter
@@ -61,7 +62,8 @@ class Router:
         events: EventLog | None = None,
         dispatch_thread: bool = True,
     ) -> None:
-        """dispatch_thread=False: no thread; the caller runs dispatch_once() (the what-if loop)."""
+        """dispatch_thread=False: no thread; the caller's driver runs dispatch_step() (the fleet's,
+        the what-if loop). True: a WallClockDriver of its own runs it (a router used alone)."""
         self.replicas = list(replicas)
         self.config = config
         self.clock = clock
@@ -70,13 +72,14 @@ class Router:
         self.limiter = RateLimiter(config.rate_limit, clock)
         self.rejected: dict[str, int] = {}
         self.max_depth_seen = 0
+        self._closed = False
         self._prefixes: dict[int, OrderedDict[int, None]] = {r.replica_id: OrderedDict() for r in replicas}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._dispatch_loop, name="router-dispatch", daemon=True)
+        self.wake = threading.Event()  # set on submit: a driver watching it dispatches at once
+        self._driver: WallClockDriver | None = None
         if dispatch_thread:
-            self._thread.start()
+            self._driver = WallClockDriver("router-dispatch")
+            self._driver.every(self.DISPATCH_POLL_S, self.dispatch_step, wake=self.wake)
 
     def submit(
         self,
@@ -108,7 +111,7 @@ class Router:
         if not admission.admitted:
             raise self._refuse(429, "queue_full", "the request queue is full", retry_after_s=admission.retry_after_s)
         self.events.emit("admitted", f"{request_id} queued ({len(prompt_token_ids)} prompt tokens)", id=request_id)
-        self._wake.set()
+        self.wake.set()
         return events
 
     def authorize(self, api_key: str | None) -> None:
@@ -143,23 +146,24 @@ class Router:
             self.replicas = list(replicas)
             for replica in replicas:
                 self._prefixes.setdefault(replica.replica_id, OrderedDict())
-        self._wake.set()
+        self.wake.set()
 
     def close(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread.is_alive():
-            self._thread.join(5)
+        self._closed = True
+        self.wake.set()
+        if self._driver is not None:
+            self._driver.stop()
 
     # dispatch ---------------------------------------------------------------------------------
 
     DISPATCH_POLL_S = 0.01  # replicas free room without telling the router: it polls this often
 
-    def _dispatch_loop(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.DISPATCH_POLL_S)
-            self._wake.clear()
-            self.dispatch_once()
+    def dispatch_step(self) -> bool:
+        """A driver's step: one dispatch pass; False once closed, so the driver lets it go."""
+        if self._closed:
+            return False
+        self.dispatch_once()
+        return True
 
     def dispatch_once(self) -> int:
         """One dispatch pass: answer expired and stranded requests, then commit the queue's head to

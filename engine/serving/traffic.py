@@ -2,8 +2,10 @@
 follow the levers while it runs, with an optional linear ramp (the "flood").
 
 Each arrival draws its gap from the same gamma distribution as the benchmark load generator
-(Poisson at burstiness 1) and runs on its own thread through RouterTarget, so flood requests
-wait in the same central queue as every HTTP request. The driver is the lab's client: it times
+(Poisson at burstiness 1): next_gap() and next_request() are the steps, read at the clock's
+now(); live, a thread waits out each gap and every request runs on its own thread through
+RouterTarget (a client holding its stream), so flood requests wait in the same central queue
+as every HTTP request. The driver is the lab's client: it times
 each request at its own end of the stream (`clients`), the user's view beside the server's."""
 
 from __future__ import annotations
@@ -85,26 +87,37 @@ class TrafficDriver:
         self._stop.set()
         self.ramp = None
 
+    def next_gap(self) -> float | None:
+        """Seconds from the last arrival to the next at the current rate; None: the rate is 0."""
+        rate = self.current_rate()
+        if rate <= 0:
+            return None
+        burst = float(self._levers()["burstiness"])
+        return self.rng.gammavariate(burst, 1.0 / (rate * burst))
+
+    def next_request(self) -> LoadRequest:
+        """The next arrival's request, its lengths drawn around the levers' means of this moment."""
+        levers = self._levers()
+        n_in = draw_length(self.rng, int(levers["prompt_tokens"]), 0.5)
+        n_out = draw_length(self.rng, int(levers["output_tokens"]), 0.5)
+        request = LoadRequest(
+            f"flood-{self._run_id}-{self.sent}", [self.rng.randrange(*VOCAB) for _ in range(n_in)], n_out
+        )
+        self.sent += 1
+        return request
+
     def _loop(self, stop: threading.Event) -> None:
+        """Live: wait out each gap on the wall clock, then send on a client thread."""
         while not stop.is_set():
-            levers = self._levers()
-            rate = self.current_rate()
-            if rate <= 0:
+            gap = self.next_gap()
+            if gap is None:
                 stop.wait(0.2)
                 continue
-            burst = float(levers["burstiness"])
-            gap = self.rng.gammavariate(burst, 1.0 / (rate * burst))
             if stop.wait(min(gap, 5.0)) or gap > 5.0:  # a long gap re-reads the levers first
                 continue
             if not self._in_flight.acquire(timeout=1.0):
                 continue
-            n_in = draw_length(self.rng, int(levers["prompt_tokens"]), 0.5)
-            n_out = draw_length(self.rng, int(levers["output_tokens"]), 0.5)
-            request = LoadRequest(
-                f"flood-{self._run_id}-{self.sent}", [self.rng.randrange(*VOCAB) for _ in range(n_in)], n_out
-            )
-            self.sent += 1
-            threading.Thread(target=self._send, args=(request,), daemon=True).start()
+            threading.Thread(target=self._send, args=(self.next_request(),), daemon=True).start()
 
     def _send(self, request: LoadRequest) -> None:
         record = RequestRecord(0, request.request_id, len(request.prompt_token_ids), request.max_tokens)

@@ -56,6 +56,18 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--tpot-slo-ms", type=float, default=None)
     r.add_argument("--kill-replica-at", type=float, default=None, help="simulated second replica 0 fails")
     r.add_argument("--seed", type=int, default=0)
+    a = r.add_argument_group("autoscaling", "the real Fleet and Autoscaler over simulated replicas")
+    a.add_argument("--autoscale", type=_bool, default=False, help="start at --min-replicas and scale with load")
+    a.add_argument("--min-replicas", type=int, default=SimSpec.min_replicas)
+    a.add_argument("--max-replicas", type=int, default=None, help="default: every TP group --gpus holds")
+    a.add_argument("--warm-pool", type=int, default=SimSpec.warm_pool, help="loaded idle replicas (out of --gpus)")
+    a.add_argument("--provision-delay-s", type=float, default=SimSpec.provision_delay_s,
+                   help="a cold start waits this long for its machine, then loads the weights")
+    a.add_argument("--storage-gbs", type=float, default=SimSpec.storage_bw / 1e9,
+                   help="GB/s each GPU reads its weight shard at (engine/sim/constants.py STORAGE_BW)")
+    a.add_argument("--timeline-s", type=float, default=SimSpec.timeline_s, help="one timeline row per this long")
+    a.add_argument("--settle", type=_bool, default=False,
+                   help="after the last request, run on until the fleet has drained back to --min-replicas")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
     return p
 
@@ -74,6 +86,9 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         max_batched_tokens=args.max_batched_tokens, ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
         seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching,
         kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
+        autoscale=args.autoscale, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+        warm_pool=args.warm_pool, provision_delay_s=args.provision_delay_s, storage_bw=args.storage_gbs * 1e9,
+        timeline_s=args.timeline_s, settle=args.settle,
     )
 
 
@@ -82,6 +97,9 @@ def table(result: dict) -> str:
     for key in CONTRACT_KEYS + ("completed", "refused"):
         value = result[key]
         rows.append(f"{key:<28} {value:>14.4f}" if isinstance(value, float) else f"{key:<28} {value!s:>14}")
+    for row in result.get("timeline", []):  # autoscaled: replicas by state over time
+        states = ", ".join(f"{k} {v}" for k, v in sorted(row["replicas"].items()))
+        rows.append(f"t={row['t']:>8.1f} s  queue {row['queue_depth']:>5}  {row['output_tok_s']:>9.0f} tok/s  {states}")
     return "\n".join(rows)
 
 

@@ -70,3 +70,9 @@ ACTIVATION_BYTES = 2  # bf16 activations on a GPU (the live CPU engine plans flo
 DTYPE_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + 1 / 16}
 # Embeddings and the LM head stay in bf16 in ModelOpt FP8/FP4 checkpoints.
 EMBED_BYTES = 2.0
+
+# Cold start: a new replica reads its weight shard from storage before it serves; every GPU of
+# a TP group reads its own shard at once. 2 GB/s per GPU is an assumption between object-store
+# streaming into one process (about 1 GB/s) and a node's local NVMe RAID shared by 8 GPUs
+# (p5.48xlarge: 8 x 3.84 TB NVMe, ~25 GB/s read, ~3 GB/s a GPU); a CLI setting, not a measurement.
+STORAGE_BW = 2 * GB

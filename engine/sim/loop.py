@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import heapq
 import itertools
+import threading
 from collections.abc import Callable
 
 from engine.clock import VirtualClock
@@ -24,8 +25,10 @@ class EventLoop:
     def after(self, delay_s: float, step: Callable[[], None]) -> None:
         self.at(self.clock.now() + delay_s, step)
 
-    def every(self, period_s: float, step: Callable[[], bool]) -> None:
-        """Run step now and then every period_s for as long as it returns True."""
+    def every(self, period_s: float, step: Callable[[], bool], wake: threading.Event | None = None) -> None:
+        """Run step now and then every period_s for as long as it returns True (the Driver of
+        engine/serving/driver.py). `wake` is not watched: in virtual time whoever would set it
+        runs the step itself."""
 
         def tick() -> None:
             if step():

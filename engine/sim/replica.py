@@ -5,7 +5,11 @@ It answers the router the way a ReplicaHandle does (state, stats from the latest
 num_in_flight, submit, abort, drain), so the same Router dispatches to either kind. A step
 begins (schedule), the cost model prices the batch, and the step ends that many virtual seconds
 later (tokens appended, finished requests reported). No text and no per-token messages: a
-request's stream gets one TokenDelta when it finishes (all its tokens and times) or an error."""
+request's stream gets one TokenDelta when it finishes (all its tokens and times) or an error.
+
+Made by a fleet (engine/sim/fleet_run.py) it may start STARTING for `load_s` virtual seconds
+(the model load) before it is READY, and reports to the metrics bus through `on_message` as a
+live replica does: a StepMessage per step with its stats and the requests it finished."""
 
 from __future__ import annotations
 
@@ -18,8 +22,8 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
-from engine.serving.messages import RequestError, TokenDelta
-from engine.serving.replica_api import ReplicaState, ReplicaStats
+from engine.serving.messages import RequestError, StepMessage, TokenDelta
+from engine.serving.replica_api import ENDED, ReplicaState, ReplicaStats
 from engine.sim.loop import EventLoop
 from engine.sim.runner import CostModelRunner
 
@@ -35,9 +39,13 @@ class SimReplica:
         loop: EventLoop,
         on_finished: Finished,
         kv_transfer_s: Callable[[int], float] | None = None,
+        load_s: float = 0.0,
+        on_message: Callable[[StepMessage], None] | None = None,
     ) -> None:
         """kv_transfer_s: a disaggregated decode replica; a request arrives as prompt + its first
-        token, and the prompt's KV takes kv_transfer_s(prompt tokens) to land before it can run."""
+        token, and the prompt's KV takes kv_transfer_s(prompt tokens) to land before it can run.
+        load_s: STARTING this long (loading the weights) before READY. on_message: the fleet's
+        metrics bus, as a live replica's messages reach it (set later for a warm pool one)."""
         assert isinstance(engine.runner, CostModelRunner)
         self.replica_id = replica_id
         self.engine = engine
@@ -49,9 +57,27 @@ class SimReplica:
         self.state = ReplicaState.READY
         self.error: str | None = None
         self.kv_usage_max = 0.0
+        self.on_message = on_message
+        self.tokens_out = 0  # tokens sampled, for a timeline's tokens/s
+        self.created_at = loop.clock.now()
+        self.ready_at: float | None = self.created_at if load_s <= 0 else None
+        self._drain_on_load = False
+        self._deltas: list[TokenDelta] = []  # finished this step, for on_message
         self._streams: dict[str, queue.Queue] = {}
         self._busy = False
         self.stats: ReplicaStats | None = self._snapshot()
+        if load_s > 0:
+            self.state = ReplicaState.STARTING
+            loop.after(load_s, self._loaded)
+
+    def _loaded(self) -> None:
+        if self.state != ReplicaState.STARTING:
+            return  # stopped while loading
+        self.state, self.ready_at = ReplicaState.READY, self.loop.clock.now()
+        if self._drain_on_load:  # as a live replica: a drain sent while loading stops it once loaded
+            self.state = ReplicaState.DRAINING
+        self._publish(0)
+        self._wake()
 
     # what the router sees ---------------------------------------------------------------------
 
@@ -119,10 +145,12 @@ class SimReplica:
     def drain(self) -> None:
         if self.state == ReplicaState.READY:
             self.state = ReplicaState.DRAINING
+        self._drain_on_load = self.state == ReplicaState.STARTING
         self._wake()
 
     def stop(self) -> None:
-        self._end(ReplicaState.STOPPED, "replica stopped")
+        if self.state not in ENDED:  # a failed one stays failed
+            self._end(ReplicaState.STOPPED, "replica stopped")
 
     def fail(self, reason: str) -> None:
         """A replica killed at a chosen time: its in-flight requests fail, its KV is gone."""
@@ -146,6 +174,8 @@ class SimReplica:
             self.stats = self._snapshot()
             if self.state == ReplicaState.DRAINING and not self.engine.has_work():
                 self.state = ReplicaState.STOPPED
+            if self.on_message is not None:
+                self._publish(0)
             return
         tokens = self.runner.execute(batch)
         self.loop.after(self.runner.last_cost.total_s, lambda: self._end_step(batch, tokens))
@@ -157,20 +187,39 @@ class SimReplica:
         self.kv_usage_max = max(self.kv_usage_max, kv.num_used_blocks / kv.num_blocks)
         self._report(self.engine.end_step(batch, tokens, stream=False))  # only the ended
         self.stats = self._snapshot()
+        self.tokens_out += len(tokens)
+        if self.on_message is not None:
+            self._publish(len(batch.seqs))
         self._begin()
+
+    def _publish(self, batch_size: int) -> None:
+        """What a live replica's StepMessage carries: its stats and the requests it finished."""
+        if self.on_message is None:
+            return
+        st = self.stats
+        assert st is not None
+        stats = {
+            "running": st.running, "waiting": st.waiting, "kv_used_blocks": st.kv_used_blocks,
+            "kv_total_blocks": st.kv_total_blocks, "max_num_seqs": st.max_num_seqs,
+            "num_preemptions": st.num_preemptions, "batch_size": batch_size,
+        }
+        deltas, self._deltas = self._deltas, []
+        self.on_message(StepMessage(self.replica_id, self.loop.clock.now(), deltas, stats=stats, state=self.state))
 
     def _report(self, outputs: list) -> None:
         for out in outputs:
             if out.finished:
                 seq = out.seq
                 events = self._streams.pop(out.request_id, None)
-                if events is not None:
-                    events.put(
-                        TokenDelta(
-                            seq.request_id, seq.output_token_ids, "", True, seq.finish_reason, seq.num_prompt_tokens,
-                            seq.num_cached_tokens, seq.times,
-                        )
+                if events is not None or self.on_message is not None:
+                    delta = TokenDelta(
+                        seq.request_id, seq.output_token_ids, "", True, seq.finish_reason, seq.num_prompt_tokens,
+                        seq.num_cached_tokens, seq.times, first_token=True,  # one delta carries every token
                     )
+                    if events is not None:
+                        events.put(delta)
+                    if self.on_message is not None:
+                        self._deltas.append(delta)
                 self.on_finished(seq)
 
     def _end(self, state: ReplicaState, reason: str) -> None:

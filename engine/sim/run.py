@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.clock import stopwatch
 from engine.config import EngineConfig
+from engine.levers import LEVERS
 from engine.sampling_params import SamplingParams
 from engine.serving.events import EventLog
 from engine.serving.messages import RequestError
@@ -52,6 +53,31 @@ class SimSpec:
     kill_replica_at_s: float | None = None  # replica 0 fails at this simulated time
     prefill_gpus: int | None = None  # both set: a prefill pool and a decode pool (disaggregation)
     decode_gpus: int | None = None
+    # Autoscaling (engine/sim/fleet_run.py): the real Fleet and Autoscaler over SimReplicas,
+    # starting at min_replicas and growing up to max_replicas (None: every TP group --gpus holds).
+    autoscale: bool = False
+    min_replicas: int = LEVERS["min_replicas"].default
+    max_replicas: int | None = None
+    warm_pool: int = LEVERS["warm_pool"].default
+    provision_delay_s: float = LEVERS["provision_delay_s"].default
+    storage_bw: float = C.STORAGE_BW  # bytes/s per GPU: a cold start loads its weight shard at this
+    timeline_s: float = 1.0  # the autoscaled run's timeline: one row per this many simulated seconds
+    settle: bool = False  # after the last request, run on idle until the fleet is back at min_replicas
+
+    def replica_bounds(self) -> tuple[int, int]:
+        """(fewest, most) replicas of an autoscaled run, checked against the GPUs."""
+        most = self.gpus // self.tp if self.max_replicas is None else self.max_replicas
+        if not 1 <= self.min_replicas <= most:
+            raise SimConfigError(f"--min-replicas {self.min_replicas} must be in [1, --max-replicas {most}]")
+        if (most + self.warm_pool) * self.tp > self.gpus:
+            raise SimConfigError(
+                f"{most} replicas + a warm pool of {self.warm_pool} at TP{self.tp} need more than --gpus {self.gpus}"
+            )
+        if self.storage_bw <= 0 or self.provision_delay_s < 0 or self.warm_pool < 0:
+            raise SimConfigError("storage bandwidth must be positive; provisioning delay and warm pool not negative")
+        if self.prefill_gpus is not None:
+            raise SimConfigError("autoscaling runs colocated replicas: leave out --prefill-gpus/--decode-gpus")
+        return self.min_replicas, most
 
     def deployment(self) -> Deployment:
         try:
@@ -89,6 +115,10 @@ class SimSpec:
 def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[str, Any]:
     """Run the workload to its end; raises SimConfigError for a configuration that cannot run.
     requests: an explicit workload (arrivals and lengths, e.g. a live run's) instead of the spec's."""
+    if spec.autoscale:
+        from engine.sim.fleet_run import simulate_fleet
+
+        return simulate_fleet(spec, requests=requests)
     elapsed = stopwatch()
     dep = spec.deployment()
     config = spec.engine_config()
@@ -192,7 +222,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         loop.at(spec.kill_replica_at_s, lambda: replicas[0].fail("replica 0 killed"))
     loop.run()
 
-    _take_errors(streams, rec.finished, refused)
+    take_errors(streams, rec.finished, refused)
     result = summarize(rec, clock.now(), spec.gpus)
     wall_s = elapsed()
     reasons: dict[str, int] = {}
@@ -215,7 +245,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
     return result
 
 
-def _take_errors(streams: dict[str, Any], finished: dict[str, str], refused: dict[str, str]) -> None:
+def take_errors(streams: dict[str, Any], finished: dict[str, str], refused: dict[str, str]) -> None:
     """Requests that did not finish were answered with a RequestError (deadline, failed replica)."""
     for request_id, events in streams.items():
         if request_id in finished:

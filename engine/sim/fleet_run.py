@@ -1,0 +1,186 @@
+"""An autoscaled what-if run: the serving stack's own Fleet (its Router, MetricsBus and replica
+bookkeeping) and Autoscaler over SimReplicas, every step of theirs on one EventLoop.
+
+The fleet starts at min_replicas, loaded (the run begins with a serving fleet) beside a loaded
+warm pool. A cold start then costs what it costs a real one: provision_delay_s for the machine,
+then the weights' load (weight bytes per GPU / storage bandwidth) in STARTING before READY; a
+replica promoted from the warm pool skips both. The fleet's snapshots (the lab's own) are read
+every timeline_s into a timeline of replicas, queue depth and tokens/s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.clock import stopwatch
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
+from engine.serving.fleet import Fleet, FleetConfig
+from engine.serving.replica_api import ReplicaState
+from engine.serving.router import AdmissionError, RouterConfig
+from engine.sim.loop import EventLoop
+from engine.sim.replica import SimReplica
+from engine.sim.results import Recorder, summarize
+from engine.sim.run import SimSpec, take_errors
+from engine.sim.runner import sim_executor
+from engine.sim.workload import SimRequest, make_workload
+
+DONE_CHECK_S = 0.1  # how often the run looks for its end (simulated seconds)
+
+
+def simulate_fleet(
+    spec: SimSpec, autoscaler_settings: dict[str, Any] | None = None, requests: list[SimRequest] | None = None
+) -> dict[str, Any]:
+    """Run the workload to its end on an autoscaled fleet; autoscaler_settings override
+    AutoscalerConfig fields (windows, thresholds, tick_s). Raises SimConfigError."""
+    elapsed = stopwatch()
+    dep = spec.deployment()
+    fewest, most = spec.replica_bounds()
+    config = spec.engine_config()
+    loop = EventLoop()
+    clock = loop.clock
+    if requests is None:
+        requests = make_workload(
+            spec.num_requests, spec.rate, spec.input_tokens, spec.output_tokens, spec.input_range_ratio,
+            spec.burstiness, spec.seed,
+        )
+    rec = Recorder({r.request_id: r.arrival for r in requests})
+    if spec.ttft_slo_ms is not None or spec.tpot_slo_ms is not None:
+        rec.slo_s = ((spec.ttft_slo_ms or float("inf")) / 1000, (spec.tpot_slo_ms or float("inf")) / 1000)
+    streams: dict[str, Any] = {}
+    made: list[SimReplica] = []  # every replica the fleet ever started, retired ones too
+    load_s = dep.weight_bytes / dep.tp / spec.storage_bw
+    booting = [True]  # the first replicas and pool are loaded before the run begins
+
+    def finished(seq: Any) -> None:
+        rec.finish(seq)
+        streams.pop(seq.request_id, None)
+
+    def new_replica(
+        replica_id: int, cfg: EngineConfig, cores: list[int] | None = None,
+        on_message: Any = None,
+    ) -> SimReplica:
+        replica = SimReplica(
+            replica_id, LLMEngine(cfg, clock, sim_executor(dep, cfg)), loop, finished,
+            load_s=0.0 if booting[0] else load_s, on_message=on_message,
+        )
+        made.append(replica)
+        return replica
+
+    router_config = RouterConfig(queue_cap=spec.queue_cap or max(1, spec.num_requests), deadline_s=spec.deadline_s)
+    fleet_config = FleetConfig(fewest, warm_pool=spec.warm_pool, provision_delay_s=spec.provision_delay_s)
+    fleet = Fleet(
+        config, router_config, fleet_config, new_replica, clock, driver=loop,
+        model=(dep.model.name, dep.model.cfg.max_position),
+    )
+    booting[0] = False
+    auto = Autoscaler(
+        fleet, AutoscalerConfig(min_replicas=fewest, max_replicas=most, **(autoscaler_settings or {})), clock
+    )
+    auto.start(loop)
+
+    timeline: list[dict[str, Any]] = []
+    tokens_seen = [0.0, 0]  # (time, tokens) at the last timeline row
+
+    scale: list[dict[str, Any]] = []
+    cursor = [0]
+
+    def record(snap: dict[str, Any]) -> None:
+        # The event log keeps the latest 2000 events: the scale ones are read off as they come.
+        events, cursor[0] = fleet.events.since(cursor[0], limit=10_000)
+        scale.extend(
+            {"t": round(e["time"], 3), "delta": e["delta"], "message": e["message"]}
+            for e in events if e["kind"] == "scale" and e["delta"]
+        )
+        now = snap["time"]
+        if timeline and now - timeline[-1]["t"] < spec.timeline_s - 1e-9:
+            return
+        tokens = sum(r.tokens_out for r in made)
+        span = now - tokens_seen[0]
+        timeline.append({
+            "t": round(now, 3), "replicas": snap["replicas"], "queue_depth": snap["queue_depth"],
+            "running": snap["running"], "kv_used_blocks": snap["kv_used_blocks"],
+            "output_tok_s": (tokens - tokens_seen[1]) / span if span > 0 else 0.0,
+            "ttft_p99_s": snap["ttft_p99"],
+        })
+        tokens_seen[:] = [now, tokens]
+
+    fleet.subscribe(record)
+    refused: dict[str, str] = {}
+    vocab = dep.model.cfg.vocab_size
+    arrived = [0]
+
+    def arrive(r: Any) -> None:
+        arrived[0] += 1
+        params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
+        try:
+            streams[r.request_id] = fleet.submit(r.request_id, r.token_ids(vocab), params, None)
+        except AdmissionError as err:
+            refused[r.request_id] = err.reason
+        fleet.router.dispatch_once()  # submit wakes the live dispatcher at once
+
+    work_done_at: list[float] = []
+
+    def check_done() -> bool:
+        busy = any(r.busy for r in made) or len(fleet.router.queue) > 0 or not _answered(streams)
+        if arrived[0] < len(requests) or busy:
+            work_done_at.clear()  # a request still to come or still running
+            return True
+        work_done_at[:] = work_done_at or [clock.now()]
+        if spec.settle and (len(fleet.replicas) > fewest or fleet.retiring):
+            return True  # idle: the autoscaler drains back to min_replicas, one long window a time
+        auto.stop()
+        fleet.stop()  # its steps end, and with nothing left the loop runs out
+        return False
+
+    for r in requests:
+        loop.at(r.arrival, lambda r=r: arrive(r))
+    if spec.kill_replica_at_s is not None:
+        loop.at(spec.kill_replica_at_s, lambda: _kill_one(fleet))
+    loop.every(DONE_CHECK_S, check_done)
+    loop.run()
+
+    take_errors(streams, rec.finished, refused)
+    served_s = work_done_at[0] if work_done_at else clock.now()  # the figures span the work, not the settling
+    result = summarize(rec, served_s, spec.gpus)
+    wall_s = elapsed()
+    reasons: dict[str, int] = {}
+    for reason in refused.values():
+        reasons[reason] = reasons.get(reason, 0) + 1
+    served = [r for r in made if r.on_message is not None]  # routed to at some point (pool ones are not)
+    result |= {
+        "kv_usage_max": max(r.kv_usage_max for r in made),
+        "preemptions": sum(r.engine.scheduler.num_preemptions for r in made),
+        "replicas": max((row["replicas"].get(ReplicaState.READY, 0) for row in timeline), default=fewest),
+        "prefill_replicas": 0,
+        "simulated_s": served_s,
+        "settled_s": clock.now(),
+        "wall_s": wall_s,
+        "sim_s_per_wall_s": clock.now() / wall_s,
+        "refused": reasons,
+        "kv_blocks_per_replica": made[0].engine.kv.num_blocks,
+        "kv_blocks_free_at_end": all(r.engine.kv.num_used_blocks == 0 for r in made),
+        "steps": sum(r.engine.num_steps for r in made),
+        "events": loop.num_events,
+        "load_s": load_s,
+        "replicas_started": [
+            {"id": r.replica_id, "created_s": round(r.created_at, 3), "ready_s": None if r.ready_at is None else round(r.ready_at, 3)} for r in served
+        ],
+        "scale_events": scale,
+        "timeline": timeline,
+    }
+    return result
+
+
+def _answered(streams: dict[str, Any]) -> bool:
+    """Every open stream has its answer waiting (a RequestError: deadline, failed replica)."""
+    return all(not events.empty() for events in streams.values())
+
+
+def _kill_one(fleet: Fleet) -> None:
+    """The chosen time's failure: the first serving replica dies with what it holds."""
+    for replica in fleet.replicas:
+        if replica.state == ReplicaState.READY:
+            replica.fail(f"replica {replica.replica_id} killed")
+            return
