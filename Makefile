@@ -77,6 +77,7 @@ bench-tp: $(STAMP) $(KERNEL_STAMP)
 # results. sim-vs-live: the fitted device against the live engine and server on this machine.
 calibrate: $(STAMP) $(KERNEL_STAMP) $(TCMALLOC)
 	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.calibrate
+	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.calibrate_front
 
 sim-vs-live: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m bench.sim_vs_live

@@ -188,7 +188,9 @@ def live_serving(port: int, reqs: list[Any], workload: Workload) -> dict[str, An
 # simulated --------------------------------------------------------------------------------------
 
 
-def simulated(workload: Workload, rate: float) -> dict[str, Any]:
+def simulated(workload: Workload, rate: float, through_server: bool) -> dict[str, Any]:
+    """through_server: the live figures came through the HTTP server, whose front and clients
+    share these cores (the front costs `make calibrate` measured: SimSpec.front_on_device)."""
     from engine.config import EngineConfig
     from engine.sim.run import SimSpec, simulate
     from engine.sim.workload import SimRequest
@@ -201,6 +203,7 @@ def simulated(workload: Workload, rate: float) -> dict[str, Any]:
         input_tokens=max(p for _, p, _ in workload), output_tokens=max(o for _, _, o in workload),
         num_requests=len(workload), rate=rate, max_num_seqs=LEVERS["max_num_seqs"],
         max_batched_tokens=LEVERS["max_batched_tokens"], prefix_caching=LEVERS["prefix_caching"], seed=0,
+        front_on_device=through_server,
     )  # fmt: skip
     r = simulate(spec, requests)
     keys = ("output_tok_s", "ttft_p50_s", "tpot_p50_s", "simulated_s", "preemptions", "steps",
@@ -263,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"offline: {n_off} requests, prompts 50-400 tokens, {out_off} output tokens, all at once", flush=True)
     live = live_offline(prompts, out_off, exe)
     rows.append({"workload": "offline (engine bench)", "requests": n_off, "live": live,
-                 "sim": simulated(workload, float("inf"))})  # fmt: skip
+                 "sim": simulated(workload, float("inf"), False)})  # fmt: skip
     print(f"  live {live['output_tok_s']:.1f} tok/s in {live['seconds']:.1f} s", flush=True)
 
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"serving: Poisson {rate:g} req/s, {len(reqs)} requests", flush=True)
             live = live_serving(port, reqs, workload)
             rows.append({"workload": f"serving, Poisson {rate:g} req/s", "requests": len(reqs), "live": live,
-                         "sim": simulated(workload, rate)})  # fmt: skip
+                         "sim": simulated(workload, rate, True)})  # fmt: skip
             print(f"  live {live['output_tok_s']:.1f} tok/s in {live['seconds']:.1f} s", flush=True)
     finally:
         stop(proc)

@@ -36,3 +36,18 @@ def test_the_per_row_host_term_adds_per_sampled_row_only():
     assert extra.step(decode).total_s - base.step(decode).total_s == pytest.approx(32 * 1e-4)
     chunk = StepShape(num_tokens=512, num_sampled=0, prefill_attention=512 * 256.5)
     assert extra.step(chunk).total_s == base.step(chunk).total_s
+
+
+def test_the_front_on_the_device_costs_its_cpu_per_token_and_its_hop_latency():
+    """The live server on this machine: the HTTP front and the clients share the cores
+    (SimSpec.front_on_device), at the costs `make calibrate` measured for the `cpu` device."""
+    cpu = get_device("cpu")
+    front = dataclasses.replace(cpu, front_token_s=0.002, front_latency_s=0.03).with_front()
+    assert front.token_overhead_s == pytest.approx(cpu.token_overhead_s + 0.002)
+    # One request alone: TTFT is its prefill step plus the hop, whatever the step costs.
+    requests = [SimRequest("0", 0.0, 100, 4)]
+    spec = SimSpec(model="smollm2-135m", device="cpu", gpus=1, input_tokens=100, output_tokens=4, num_requests=1)
+    alone = simulate(spec, requests)
+    served = simulate(dataclasses.replace(spec, front_on_device=True), requests)
+    assert served["ttft_p50_s"] - alone["ttft_p50_s"] == pytest.approx(cpu.front_latency_s + cpu.front_token_s, rel=0.05, abs=1e-6)
+    assert served["tpot_p50_s"] - alone["tpot_p50_s"] == pytest.approx(cpu.front_token_s, rel=0.05, abs=1e-6)

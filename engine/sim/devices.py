@@ -5,6 +5,7 @@ writes (engine/sim/cpu_calibration.json), fitted to the live engine's own step t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,11 @@ class Device:
     # Host time per sampled row (a live CPU engine's Python per sequence: scheduling, sampling,
     # postprocess, detokenize); 0 on GPUs, where the per-step constants cover the host.
     token_overhead_s: float = 0.0
+    # When the HTTP front and the clients run on the device's own cores (the live server on this
+    # machine): their CPU per streamed token, which stalls the engine's threads, and the request's
+    # hops through HTTP and SSE. Measured by `make calibrate` (bench/calibrate_front.py); 0 on GPUs.
+    front_token_s: float = 0.0
+    front_latency_s: float = 0.0
     runtime_reserve_bytes: int = C.RUNTIME_RESERVE_BYTES
     kv_free_fraction: float = C.KV_FREE_FRACTION
     activation_bytes: float = C.ACTIVATION_BYTES
@@ -51,6 +57,10 @@ class Device:
     def bandwidth(self) -> float:
         return self.mem_bw * self.bw_efficiency
 
+    def with_front(self) -> Device:
+        """This device with the front and clients on its cores: each sampled row costs their CPU too."""
+        return dataclasses.replace(self, token_overhead_s=self.token_overhead_s + self.front_token_s)
+
     def supports(self, dtype: str) -> bool:
         return dtype != "fp4" or "fp4" in self.peak_flops
 
@@ -65,12 +75,14 @@ def _cpu() -> Device | None:
     """This machine, from its calibration; None until `make calibrate` has written it."""
     if not CPU_CALIBRATION.exists():
         return None
-    fit = json.loads(CPU_CALIBRATION.read_text())["device"]
+    calibration = json.loads(CPU_CALIBRATION.read_text())
+    fit, front = calibration["device"], calibration.get("front", {})
     return Device(
         "cpu", fit["memory_gb"], int(fit["memory_gb"] * C.GiB), fit["mem_bw"], {"bf16": fit["flops"]}, 0.0,
         gemm_efficiency=1.0, attention_efficiency=fit["attention_efficiency"], bw_efficiency=1.0,
         step_overhead_s=fit["step_overhead_s"], layer_overhead_s=fit["layer_overhead_s"],
         sample_overhead_s=fit["sample_overhead_s"], token_overhead_s=fit.get("token_overhead_s", 0.0),
+        front_token_s=front.get("cpu_per_token_s", 0.0), front_latency_s=front.get("latency_s", 0.0),
         runtime_reserve_bytes=0, gpus_per_node=1,
         # The live CPU engine's own plan: its whole cap, float32 activations (engine/memory.py).
         kv_free_fraction=1.0, activation_bytes=4,

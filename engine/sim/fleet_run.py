@@ -46,6 +46,7 @@ def simulate_fleet(
             spec.burstiness, spec.seed,
         )
     rec = Recorder({r.request_id: r.arrival for r in requests})
+    hop = dep.device.front_latency_s if spec.front_on_device else 0.0  # client -> router (see SimSpec)
     if spec.ttft_slo_ms is not None or spec.tpot_slo_ms is not None:
         rec.slo_s = ((spec.ttft_slo_ms or float("inf")) / 1000, (spec.tpot_slo_ms or float("inf")) / 1000)
     streams: dict[str, Any] = {}
@@ -135,7 +136,7 @@ def simulate_fleet(
         return False
 
     for r in requests:
-        loop.at(r.arrival, lambda r=r: arrive(r))
+        loop.at(r.arrival + hop, lambda r=r: arrive(r))
     if spec.kill_replica_at_s is not None:
         loop.at(spec.kill_replica_at_s, lambda: _kill_one(fleet))
     loop.every(DONE_CHECK_S, check_done)

@@ -51,6 +51,9 @@ class SimSpec:
     queue_cap: int | None = None  # None: every request is queued (as `vllm bench serve` expects)
     deadline_s: float | None = None
     kill_replica_at_s: float | None = None  # replica 0 fails at this simulated time
+    # The live server on this machine: the HTTP front and the clients share the device's cores
+    # (Device.with_front; the request reaches the router after the device's front latency).
+    front_on_device: bool = False
     prefill_gpus: int | None = None  # both set: a prefill pool and a decode pool (disaggregation)
     decode_gpus: int | None = None
     # Autoscaling (engine/sim/fleet_run.py): the real Fleet and Autoscaler over SimReplicas,
@@ -86,6 +89,8 @@ class SimSpec:
             raise SimConfigError(err.args[0]) from None
         if self.tp > self.gpus:
             raise SimConfigError(f"tensor parallel {self.tp} needs {self.tp} GPUs; --gpus is {self.gpus}")
+        if self.front_on_device:
+            device = device.with_front()
         dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype)
         if self.gpus % self.tp:
             raise SimConfigError(f"--gpus {self.gpus} is not a whole number of TP{self.tp} replicas")
@@ -215,8 +220,9 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
             rt.dispatch_once()
         return open_requests()
 
+    hop = dep.device.front_latency_s if spec.front_on_device else 0.0  # client -> router (see SimSpec)
     for r in requests:
-        loop.at(r.arrival, lambda r=r: arrive(r))
+        loop.at(r.arrival + hop, lambda r=r: arrive(r))
     loop.every(Router.DISPATCH_POLL_S, poll)
     if spec.kill_replica_at_s is not None:
         loop.at(spec.kill_replica_at_s, lambda: replicas[0].fail("replica 0 killed"))
