@@ -21,11 +21,14 @@ SOURCES = [Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"]
 ROOT = Path(__file__).resolve().parents[2] / ".cache" / "kernels"
 # The AVX-512 routines carry their own target attribute and are picked at run time; the rest is
 # plain x86-64, so the library runs (on its scalar path) on any CPU of this architecture.
-CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-unused-function"]
+# -fopenmp: at::parallel_for is a header template whose `#pragma omp parallel` compiles away
+# without it, and the op then runs on one thread whatever torch.get_num_threads() says.
+CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-unused-function", "-fopenmp"]
 
 
 def source_key() -> str:
     digest = hashlib.sha256(torch.__version__.encode())
+    digest.update(" ".join(CFLAGS).encode())
     for src in SOURCES:
         digest.update(src.read_bytes())
     return digest.hexdigest()[:16]
