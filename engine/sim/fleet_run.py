@@ -22,7 +22,7 @@ from engine.serving.router import AdmissionError, RouterConfig
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, summarize
-from engine.sim.run import SimSpec, take_errors
+from engine.sim.run import SimSpec, replica_figures, take_errors
 from engine.sim.runner import sim_executor
 from engine.sim.workload import SimRequest, make_workload
 
@@ -145,25 +145,13 @@ def simulate_fleet(
     take_errors(streams, rec.finished, refused)
     served_s = work_done_at[0] if work_done_at else clock.now()  # the figures span the work, not the settling
     result = summarize(rec, served_s, spec.gpus)
-    wall_s = elapsed()
-    reasons: dict[str, int] = {}
-    for reason in refused.values():
-        reasons[reason] = reasons.get(reason, 0) + 1
     served = [r for r in made if r.on_message is not None]  # routed to at some point (pool ones are not)
+    result |= replica_figures(made, refused, loop, clock.now(), elapsed())
     result |= {
-        "kv_usage_max": max(r.kv_usage_max for r in made),
-        "preemptions": sum(r.engine.scheduler.num_preemptions for r in made),
         "replicas": max((row["replicas"].get(ReplicaState.READY, 0) for row in timeline), default=fewest),
         "prefill_replicas": 0,
         "simulated_s": served_s,
         "settled_s": clock.now(),
-        "wall_s": wall_s,
-        "sim_s_per_wall_s": clock.now() / wall_s,
-        "refused": reasons,
-        "kv_blocks_per_replica": made[0].engine.kv.num_blocks,
-        "kv_blocks_free_at_end": all(r.engine.kv.num_used_blocks == 0 for r in made),
-        "steps": sum(r.engine.num_steps for r in made),
-        "events": loop.num_events,
         "load_s": load_s,
         "replicas_started": [
             {"id": r.replica_id, "created_s": round(r.created_at, 3), "ready_s": None if r.ready_at is None else round(r.ready_at, 3)} for r in served

@@ -230,25 +230,33 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
 
     take_errors(streams, rec.finished, refused)
     result = summarize(rec, clock.now(), spec.gpus)
-    wall_s = elapsed()
-    reasons: dict[str, int] = {}
-    for reason in refused.values():
-        reasons[reason] = reasons.get(reason, 0) + 1
+    result |= replica_figures(replicas, refused, loop, clock.now(), elapsed())
     result |= {
-        "kv_usage_max": max(r.kv_usage_max for r in replicas),
-        "preemptions": sum(r.engine.scheduler.num_preemptions for r in replicas),
         "replicas": len(replicas),
         "prefill_replicas": 0 if decode_router is None else spec.prefill_gpus // spec.tp,
         "simulated_s": clock.now(),
+    }
+    return result
+
+
+def replica_figures(
+    replicas: list[SimReplica], refused: dict[str, str], loop: EventLoop, ran_s: float, wall_s: float
+) -> dict[str, Any]:
+    """What every run reports of its replicas and its refusals, besides the request figures."""
+    reasons: dict[str, int] = {}
+    for reason in refused.values():
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return {
+        "kv_usage_max": max(r.kv_usage_max for r in replicas),
+        "preemptions": sum(r.engine.scheduler.num_preemptions for r in replicas),
         "wall_s": wall_s,
-        "sim_s_per_wall_s": clock.now() / wall_s,
+        "sim_s_per_wall_s": ran_s / wall_s,
         "refused": reasons,
         "kv_blocks_per_replica": replicas[0].engine.kv.num_blocks,
         "kv_blocks_free_at_end": all(r.engine.kv.num_used_blocks == 0 for r in replicas),
         "steps": sum(r.engine.num_steps for r in replicas),
         "events": loop.num_events,
     }
-    return result
 
 
 def take_errors(streams: dict[str, Any], finished: dict[str, str], refused: dict[str, str]) -> None:
