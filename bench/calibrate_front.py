@@ -67,7 +67,7 @@ def main() -> None:
     from engine.serving.loadgen import HttpTarget, make_requests, run_load
     from engine.sim.devices import CPU_CALIBRATION
 
-    exe, _ = calibrated_execution()
+    exe = calibrated_execution()
     select_attention(exe)
     port = free_port()
     log = ROOT / ".cache" / "calibrate-front-server.log"

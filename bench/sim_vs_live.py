@@ -42,9 +42,8 @@ RATES = (1.0, 4.0)
 # The serving bench's shape (bench/serving_bench.py WORKLOAD): one range ratio for both lengths.
 SERVE_PROMPT, SERVE_OUTPUT, SERVE_RATIO = 225, 128, 0.78
 GOAL = 0.15
-# Before the calibration recorded what it ran: the 2026-12-01 10:32 fit ran in the issue-12 branch
-# before the C++ op was merged into it (fce6c5c), under `make calibrate`, which preloads nothing.
-LEGACY = {"attention_impl": "torch", "compile": False, "num_threads": None, "ld_preload": ""}
+# What the calibration records of how it ran (bench/calibrate.py execution()); the live runs repeat it.
+EXECUTION_KEYS = ("attention_impl", "compile", "num_threads", "ld_preload")
 
 Workload = list[tuple[float, int, int]]  # (arrival offset s, prompt tokens, output tokens)
 
@@ -52,16 +51,18 @@ Workload = list[tuple[float, int, int]]  # (arrival offset s, prompt tokens, out
 # the configuration the calibration measured ----------------------------------------------------
 
 
-def calibrated_execution() -> tuple[dict[str, Any], list[str]]:
-    """The calibration's execution settings, and which of them it did not record (LEGACY's)."""
+def calibrated_execution() -> dict[str, Any]:
+    """The calibration's execution settings; exits when the file predates their recording."""
     from engine.sim.devices import CPU_CALIBRATION
 
     fit = json.loads(CPU_CALIBRATION.read_text())
     engine = fit.get("engine", {})
-    missing = [k for k in LEGACY if k not in engine]
-    exe = {k: engine.get(k, v) for k, v in LEGACY.items()}
+    missing = [k for k in EXECUTION_KEYS if k not in engine]
+    if missing:
+        sys.exit(f"the calibration of {fit.get('date')} does not record {', '.join(missing)}: run `make calibrate`")
+    exe = {k: engine[k] for k in EXECUTION_KEYS}
     exe |= {"date": fit.get("date"), "memory_gb": fit["device"]["memory_gb"], "dtype": engine.get("dtype")}
-    return exe, missing
+    return exe
 
 
 def match_allocator(exe: dict[str, Any], argv: list[str]) -> None:
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0, help="arrivals per Poisson rate (default 60)")
     parser.add_argument("--offline-requests", type=int, default=64)
     args = parser.parse_args(argv)
-    exe, missing = calibrated_execution()
+    exe = calibrated_execution()
     match_allocator(exe, argv)
     select_attention(exe)
     n_off, out_off, seconds, serve_out = args.offline_requests, OUTPUT_TOKENS, args.seconds, SERVE_OUTPUT
@@ -245,9 +246,6 @@ def main(argv: list[str] | None = None) -> int:
         n_off, out_off, seconds, serve_out = 8, 16, 4.0, 16
 
     notes = []
-    if missing:
-        notes.append(f"the calibration of {exe['date']} did not record {', '.join(missing)}: assumed "
-                     + ", ".join(f"{k}={LEGACY[k]!r}" for k in missing) + " (see LEGACY in bench/sim_vs_live.py)")  # fmt: skip
     from engine.config import EngineConfig
 
     cores = len(os.sched_getaffinity(0))  # the server's one replica runs a thread per core it owns
