@@ -39,14 +39,16 @@ class TimelineSampler:
         now = self.clock.now()
         tokens = sum(r.tokens_out for r in self.replicas)
         span = now - self._last[0]
-        self.rows.append({
-            "t": round(now, 3),
-            "queue_depth": sum(len(rt.queue) for rt in self.routers),
-            "running": sum(len(r.engine.scheduler.running) for r in self.replicas),
-            "kv_used_blocks": sum(r.engine.kv.num_used_blocks for r in self.replicas),
-            "kv_total_blocks": sum(r.engine.kv.num_blocks for r in self.replicas),
-            "output_tok_s": (tokens - self._last[1]) / span if span > 0 else 0.0,
-        })
+        self.rows.append(
+            {
+                "t": round(now, 3),
+                "queue_depth": sum(len(rt.queue) for rt in self.routers),
+                "running": sum(len(r.engine.scheduler.running) for r in self.replicas),
+                "kv_used_blocks": sum(r.engine.kv.num_used_blocks for r in self.replicas),
+                "kv_total_blocks": sum(r.engine.kv.num_blocks for r in self.replicas),
+                "output_tok_s": (tokens - self._last[1]) / span if span > 0 else 0.0,
+            }
+        )
         self._last = (now, tokens)
 
 
