@@ -121,7 +121,7 @@ def test_bad_sides_are_refused_naming_the_side_and_the_lever() -> None:
         ({"b": {"device": "tpu"}}, "b.device"),
         ({"b": {"gpu_hour_usd": -1}}, "b.gpu_hour_usd"),
         ({"preset": "nope"}, "preset"),
-        ({"traffic": {"num_requests": 4000, "prompt_tokens": 8000}}, "traffic.num_requests"),
+        ({"traffic": {"num_requests": 4000, "output_tokens": 2000}}, "traffic.num_requests"),
     ):
         with pytest.raises(InvalidParamError) as err:
             parse_experiment(small_tp() | body)

@@ -59,6 +59,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--prefill-gpus", type=int, default=None, help="with --decode-gpus: disaggregated pools")
     r.add_argument("--decode-gpus", type=int, default=None)
     r.add_argument("--ttft-slo-ms", type=float, default=None)
+    r.add_argument("--queue-cap", type=int, default=None, help="the router's queue bound (default: every request)")
+    r.add_argument("--deadline-s", type=float, default=None, help="a queued request expires after this long")
     r.add_argument("--tpot-slo-ms", type=float, default=None)
     r.add_argument("--kill-replica-at", type=float, default=None, help="simulated second replica 0 fails")
     r.add_argument("--seed", type=int, default=0)
@@ -84,6 +86,8 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
     for name in names:
         if getattr(args, name) < 1:
             raise SimConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if (args.queue_cap is not None and args.queue_cap < 1) or (args.deadline_s is not None and not args.deadline_s > 0):
+        raise SimConfigError("--queue-cap must be at least 1 and --deadline-s positive")
     if not 0 <= args.input_range_ratio < 1:
         raise SimConfigError("--input-range-ratio must be in [0, 1)")
     return SimSpec(
@@ -93,7 +97,7 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         burst_at_s=args.burst_at_s, burst_s=args.burst_s, kv_budget_mb=args.kv_budget_mb, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens, ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
         seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching, paged=args.paged,
-        block_size=args.block_size,
+        block_size=args.block_size, queue_cap=args.queue_cap, deadline_s=args.deadline_s,
         kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
         autoscale=args.autoscale, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
         warm_pool=args.warm_pool, provision_delay_s=args.provision_delay_s, storage_bw=args.storage_gbs * 1e9,

@@ -31,7 +31,10 @@ from engine.sim.run import SimSpec, simulate
 from engine.sim.workload import SimRequest
 
 MAX_REQUESTS = 4000  # per side: with the bound below, one A/B returns in seconds on 2 cores
-MAX_TOKENS = 4_000_000  # requests x (prompt + output) per side: the work a run may simulate
+# The work one side may simulate: requests x (output + prompt / PROMPT_WEIGHT) tokens. Decode
+# tokens cost a scheduler step each; a prompt is priced in chunks, so its tokens weigh less.
+MAX_WORK = 2_000_000
+PROMPT_WEIGHT = 16
 TIMELINE_S = 1.0  # one chart point per simulated second
 # The lever's model names (engine/levers.py MODELS) and the simulator's, lower-cased.
 MODEL_ALIASES = {"llama-8b": "llama-3.1-8b", "llama-70b": "llama-3.1-70b", "llama-405b": "llama-3.1-405b"}
@@ -108,7 +111,7 @@ SIDE_FIELDS = {f.key: f for f in (
     Field("device", str, "device", choices=DEVICE_NAMES),
     Field("gpu_count", int, "gpus", 1, 512),
     Field("tensor_parallel", int, "tp", choices=(1, 2, 4, 8)),
-    Field("dtype", str, "dtype", choices=WEIGHT_DTYPES),
+    Field("weight_dtype", str, "dtype", choices=WEIGHT_DTYPES),
     Field("kv_dtype", str, "kv_dtype", choices=KV_DTYPES),
     Field("prefill_gpus", int, "prefill_gpus", 0, 512),  # 0 with decode_gpus 0: colocated
     Field("decode_gpus", int, "decode_gpus", 0, 512),
@@ -118,6 +121,8 @@ SIDE_FIELDS = {f.key: f for f in (
     Field("block_size", int, "block_size", choices=(8, 16, 32, 64, 128)),
     Field("prefix_caching", bool, "prefix_caching"),
     Field("kv_budget_mb", float, "kv_budget_mb", 1, 10_000_000),
+    Field("queue_cap", int, "queue_cap", 1, 1_000_000),
+    Field("deadline_s", float, "deadline_s", 0.1, 86400),
     Field("autoscale", bool, "autoscale"),
     Field("min_replicas", int, "min_replicas", 1, 512),
     Field("max_replicas", int, "max_replicas", 1, 512),
@@ -134,7 +139,7 @@ DEFAULT_SIDE: dict[str, Any] = {"model": "llama-3.1-8b", "device": "h100", "gpu_
 REASON_KEYS = (
     ("--prefill-gpus", "prefill_gpus"), ("--decode-gpus", "decode_gpus"), ("disaggregation", "prefill_gpus"),
     ("--min-replicas", "min_replicas"), ("warm pool", "warm_pool"), ("autoscaling", "autoscale"),
-    ("kv dtype", "kv_dtype"), ("of weights", "model"), ("fp4", "dtype"), ("dtype", "dtype"),
+    ("kv dtype", "kv_dtype"), ("of weights", "model"), ("fp4", "weight_dtype"), ("dtype", "weight_dtype"),
     ("whole number of tp", "gpu_count"), ("tensor parallel", "tensor_parallel"), ("context", "prompt_tokens"),
     ("device", "device"), ("burst", "burst_factor"), ("kv", "kv_budget_mb"),
 )  # fmt: skip
@@ -212,12 +217,12 @@ def check_side(experiment: Experiment, name: str) -> SimSpec:
             spec.replica_bounds()
     except SimConfigError as err:
         raise InvalidParamError(blame(str(err), name), str(err)) from None
-    work = spec.num_requests * (spec.input_tokens + spec.output_tokens) * (1 + spec.input_range_ratio)
-    if work > MAX_TOKENS:
+    work = spec.num_requests * (spec.output_tokens + spec.input_tokens / PROMPT_WEIGHT) * (1 + spec.input_range_ratio)
+    if work > MAX_WORK:
         raise InvalidParamError(
             "traffic.num_requests",
-            f"{spec.num_requests} requests of up to {spec.input_tokens + spec.output_tokens} tokens are more work "
-            f"than one A/B runs in the browser ({MAX_TOKENS:,} tokens a side): use fewer requests or the CLI",
+            f"{spec.num_requests} requests of {spec.input_tokens} + {spec.output_tokens} tokens are more work than "
+            "one A/B runs in the browser: use fewer requests, or run the side's command (python -m engine.sim run)",
         )
     return spec
 
@@ -309,6 +314,7 @@ def table_row(spec: SimSpec, result: dict[str, Any], gpu_hour_usd: float) -> dic
         "output_tok_s": result["output_tok_s"],
         "ttft_p50_s": result["ttft_p50_s"], "ttft_p99_s": result["ttft_p99_s"],
         "tpot_p50_s": result["tpot_p50_s"], "tpot_p99_s": result["tpot_p99_s"],
+        "itl_p99_s": result["itl_p99_s"],
         "goodput_req_s": result["goodput_req_s"],
         "goodput_share": result["goodput_req_s"] / result["request_s"] if result["request_s"] else 0.0,
         "gpus_used": most, "gpu_hours": seconds / 3600,
