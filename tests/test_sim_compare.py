@@ -178,6 +178,7 @@ def test_prediction_matches_the_live_lab_and_refuses_what_it_cannot_model() -> N
         (live_levers(request_rate=0.0), "request_rate"),
         (live_levers(tensor_parallel=2, gpu_count=2), "tensor_parallel"),
         (live_levers(gpu_count=2, max_replicas=2), "max_replicas"),
+        (live_levers(executor="sim"), "executor"),
     ):
         with pytest.raises(InvalidParamError) as err:
             live_spec(levers)
@@ -200,3 +201,17 @@ def test_windowed_tokens_per_s_counts_like_the_metrics_bus() -> None:
     assert out[10]["tokens_per_s"] == pytest.approx(10.0)  # 70 tokens over the 7 s since the first
     assert out[40]["tokens_per_s"] == pytest.approx(10.0)  # the last 30 s only
     assert not any(math.isnan(row["tokens_per_s"]) for row in out)
+
+
+def test_a_shared_link_is_the_experiment_it_names() -> None:
+    from web.whatif import experiment_from_query
+
+    query = {"ab": "tp4_vs_tp8", "t.num_requests": "120", "b.gpu_hour_usd": "2.5", "a.tensor_parallel": "4", "x": "1"}
+    body = experiment_from_query(query)
+    assert body == {"preset": "tp4_vs_tp8", "traffic": {"num_requests": "120"}, "b": {"gpu_hour_usd": "2.5"},
+                    "a": {"tensor_parallel": "4"}}  # fmt: skip
+    experiment = parse_experiment(body)
+    assert (
+        experiment.b.gpu_hour_usd == 2.5 and experiment.spec("b").tp == 8 and experiment.spec("a").num_requests == 120
+    )
+    assert experiment_from_query({"ab": "1", "a.model": "llama-3.1-70b"}) == {"a": {"model": "llama-3.1-70b"}}

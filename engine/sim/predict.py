@@ -32,6 +32,10 @@ SEED = 0
 def live_spec(levers: dict[str, Any]) -> SimSpec:
     """The SimSpec that matches the live lab at these levers; InvalidParamError when the
     simulator's `cpu` device cannot stand for it (naming the lever that is out of its reach)."""
+    if levers.get("executor", "live") != "live":
+        raise InvalidParamError(
+            "executor", "predict-then-run compares the simulator with the live engine: switch to live"
+        )
     rate = float(levers["request_rate"])
     if rate <= 0:
         raise InvalidParamError("request_rate", "is 0 req/s: there is no traffic to predict")
