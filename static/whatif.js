@@ -120,6 +120,15 @@
       const group = prefix === "t" ? "traffic" : prefix;
       body[group][key] = input.value; // text, typed by the server (engine/sim/compare.py)
     }
+    // The user's price, as set on the lab's gpu_hour_usd lever, unless a side names its own; it
+    // goes into the request (and so the shared link) only when it is not the default.
+    const lab = window.servelab && window.servelab.lab;
+    const price = lab && lab.levers ? lab.levers[meta.price.key] : undefined;
+    for (const side of ["a", "b"]) {
+      if (price !== undefined && price !== meta.defaults.side[meta.price.key] && !(meta.price.key in body[side])) {
+        body[side][meta.price.key] = String(price);
+      }
+    }
     return body;
   }
   function fillForm(values) {

@@ -59,6 +59,9 @@ def test_ab_fills_the_table_refuses_a_bad_side_and_a_shared_link_reproduces_it(
     server: ServerProcess, page: Page
 ) -> None:
     open_page(page, server, "/lab")
+    # The user's price on the lab's gpu_hour_usd lever is the price both sides are costed at.
+    page.evaluate("window.servelab.socket.emit('set_levers', {gpu_hour_usd: 3.0})")
+    page.wait_for_function("window.servelab.lab.levers.gpu_hour_usd === 3.0", timeout=10_000)
     page.select_option("#ab-preset", "tp4_vs_tp8")
     expect(page.locator("[name='b.tensor_parallel']")).to_have_value("8")
     page.fill("[name='t.num_requests']", "150")
@@ -76,7 +79,10 @@ def test_ab_fills_the_table_refuses_a_bad_side_and_a_shared_link_reproduces_it(
         traces = page.evaluate(f"document.querySelector('#ab-results [data-ab-metric={metric}]').data.map(t => t.name)")
         assert "A" in traces and "B" in traces
     link = page.get_attribute("#ab-link", "href")
-    assert link and "ab=tp4_vs_tp8" in link and "t.num_requests=150" in link
+    assert link and "ab=tp4_vs_tp8" in link and "t.num_requests=150" in link and "a.gpu_hour_usd=3" in link
+    hours, cost = float(first["gpu_hours"][1]), float(first["cost_per_mtok_usd"][1].lstrip("$"))
+    tokens = float(first["output_tok_s"][1].replace(",", "")) * float(first["simulated_s"][1])
+    assert cost == pytest.approx(hours * 3.0 / tokens * 1e6, rel=0.02)  # the table's rounding
 
     # A side that cannot run is refused next to its lever with the simulator's reason; the table stays.
     page.fill("[name='b.gpu_count']", "1")
@@ -92,6 +98,7 @@ def test_ab_fills_the_table_refuses_a_bad_side_and_a_shared_link_reproduces_it(
     fresh.wait_for_selector("#ab-results[data-filled]", state="attached", timeout=60_000)
     assert table(fresh, "#ab-results") == first
     fresh.close()
+    page.evaluate("window.servelab.socket.emit('set_levers', {gpu_hour_usd: 2.0})")
 
 
 def test_a_lesson_runs_its_at_scale_experiment(server: ServerProcess, page: Page) -> None:
