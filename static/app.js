@@ -112,6 +112,8 @@
       $("#traffic-refused").textContent = t.refused;
     }
     $("#status-text").textContent = lab.status;
+    const what = $("#engine-badge .muted");
+    if (what) what.textContent = "· " + lab.model + " · " + lab.device + " · " + lab.dtype;
     $("#status-dot").className = "dot " + lab.status;
     if ($("#live-status")) {
       $("#live-status").textContent = lab.status;

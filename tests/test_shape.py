@@ -33,7 +33,7 @@ def test_weights_beyond_one_device_call_for_sharding_and_name_the_degree() -> No
     assert shape.stage == Stage.TENSOR_PARALLEL
     assert "weights 141 GB > 80 GB per H100: shard, TP >= 2" in shape.reasons
     sharded = recommend(dataclasses.replace(big, tensor_parallel=8))
-    assert any("sharded TP8, 17.6 GB per H100" in r for r in sharded.reasons)
+    assert "weights 141 GB > 80 GB per H100: shard, TP >= 2 (TP8 here: 17.6 GB per H100)" in sharded.reasons
     none_fits = recommend(dataclasses.replace(big, weight_bytes_total=810 * GB, min_tensor_parallel=None))
     assert none_fits.stage == Stage.TENSOR_PARALLEL and "fp8 or two nodes" in none_fits.reasons[-1]
 

@@ -315,10 +315,10 @@ class LiveLab:
                 "envelope": envelope(levers, sim.facts()),
                 "badge": sim.state()["badge"],
                 "sim": sim.state(),
-                "running": {"simulated_fleet": sim.running, "live_traffic": self.traffic.running},
             }
-        else:
-            state["running"] = {"simulated_fleet": False, "live_traffic": self.traffic.running}
+        # What runs behind the page, read off the process: simulation pacers alive, live flood on.
+        pacers = sum(t.name == "sim-pacer" for t in threading.enumerate())
+        state["running"] = {"sim_pacers": pacers, "live_traffic": self.traffic.running}
         return state
 
     def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:

@@ -115,7 +115,7 @@ def recommend(x: ShapeInputs) -> Shape:
         else:
             reasons.append(
                 f"weights {_gb(x.weight_bytes_total)} > {_gb(x.device_memory_bytes)} per {x.device}: "
-                f"sharded TP{x.tensor_parallel}, {_gb(per_device)} per {x.device}"
+                f"shard, TP >= {x.min_tensor_parallel} (TP{x.tensor_parallel} here: {_gb(per_device)} per {x.device})"
             )
     over = x.ttft_p99_s is not None and x.ttft_p99_s > x.ttft_target_s
     if x.disaggregated:

@@ -359,11 +359,14 @@ class SimLab:
             with self._lock:
                 before = self.clock.now()
                 target = before + wall * int(self.levers["sim_speed"])
-                self.loop.run(until=target)
-                if self.clock.now() < target:  # nothing scheduled before the target: time still passes
+                # A slice gets at most a tick of wall time: a fleet too big for this speed runs
+                # slower than asked (achieved_speed says so) and the page stays responsive.
+                deadline = now + 1.0 / PACER_HZ
+                self.loop.run(until=target, done=lambda deadline=deadline: time.monotonic() > deadline)
+                if not self.loop.pending_before(target):  # nothing left before the target: time still passes
                     self.clock.advance(target - self.clock.now())
                 snap, self._latest = self._latest, None
-                self.achieved_speed = (target - before) / max(1e-6, time.monotonic() - now + 1.0 / PACER_HZ)
+                self.achieved_speed = (self.clock.now() - before) / max(1e-6, wall)
             if snap is not None:
                 self.on_snapshot(snap)
 
