@@ -5,8 +5,10 @@ wall second, so a browser watches a 64-GPU fleet while the page is open.
 
 Only the pacer reads wall time: it is this composition's driver, as WallClockDriver is the live
 fleet's. Everything it advances runs on the loop's VirtualClock. The fleet publishes snapshots
-at its own SNAPSHOT_HZ of simulated time; the pacer hands the newest one per wall tick to its
-subscriber, so the stream keeps its >= 5 a second at 1x and does not swamp a browser at 60x.
+at its own SNAPSHOT_HZ of simulated time; the pacer ticks SNAPSHOT_HZ times a wall second and
+hands one snapshot per tick to its subscriber (the newest, or a fresh one when the fleet runs
+slower than asked), so the stream keeps its >= 5 a second at any speed and never swamps a
+browser at 60x.
 
 With prefill_gpus and decode_gpus both set, the fleet is two pools, each a Fleet of its own
 (prefill replicas compute the prompt and the first token, then the KV goes to a decode
@@ -27,7 +29,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.autoscaler import LEVERS as AUTOSCALER_LEVERS
 from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.events import EventLog
-from engine.serving.fleet import Fleet, FleetConfig
+from engine.serving.fleet import SNAPSHOT_HZ, Fleet, FleetConfig
 from engine.serving.loadgen import draw_length
 from engine.serving.router import AdmissionError, RouterConfig
 from engine.serving.shape import min_tensor_parallel
@@ -40,7 +42,7 @@ from engine.sim.run import SimSpec
 from engine.sim.runner import sim_executor
 from engine.sim.workload import SimRequest
 
-PACER_HZ = 10.0  # wall ticks a second; each runs the loop up to now * sim_speed
+PACER_HZ = SNAPSHOT_HZ  # wall ticks a second; each runs the loop up to now * sim_speed and sends one snapshot
 MAX_LAG_S = 0.5  # a slice the simulation cannot keep up with is dropped, not made up in a burst
 ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
 IN_PLACE_LEVERS = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching")
@@ -352,9 +354,11 @@ class SimLab:
     def _pace(self) -> None:
         """The wall-clock driver: every tick, run the loop up to sim_speed x the wall time that
         passed, then hand the newest snapshot on."""
-        last = time.monotonic()
-        while not self._stop.wait(1.0 / PACER_HZ):
+        period = 1.0 / PACER_HZ
+        last = due = time.monotonic()
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
             now = time.monotonic()
+            due = max(due + period, now)  # a fixed rate, as WallClockDriver's: a slow tick is not made up
             wall, last = min(now - last, MAX_LAG_S), now
             with self._lock:
                 before = self.clock.now()
@@ -366,9 +370,11 @@ class SimLab:
                 if not self.loop.pending_before(target):  # nothing left before the target: time still passes
                     self.clock.advance(target - self.clock.now())
                 snap, self._latest = self._latest, None
+                if snap is None:  # the fleet ran slower than its snapshot period: the stream keeps its rate
+                    self._keep(self.fleet.snapshot())
+                    snap, self._latest = self._latest, None
                 self.achieved_speed = (self.clock.now() - before) / max(1e-6, wall)
-            if snap is not None:
-                self.on_snapshot(snap)
+            self.on_snapshot(snap)  # type: ignore[arg-type]
 
     def _keep(self, snap: dict[str, Any]) -> None:
         """The fleet's own snapshot (SNAPSHOT_HZ of simulated time); a P/D split adds its decode pool."""
