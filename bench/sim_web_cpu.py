@@ -25,10 +25,22 @@ from tests.server_process import ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 FLEET_64 = {
-    "executor": "sim", "model": "llama-3.1-70b", "device": "h100", "gpu_count": 64, "tensor_parallel": 8,
-    "weight_dtype": "fp8", "kv_dtype": "fp8", "min_replicas": 8, "max_replicas": 8, "warm_pool": 0,
-    "max_num_seqs": 1024, "max_batched_tokens": 8192, "queue_cap": 100000, "prompt_tokens": 1000,
-    "output_tokens": 250, "sim_speed": 1,
+    "executor": "sim",
+    "model": "llama-3.1-70b",
+    "device": "h100",
+    "gpu_count": 64,
+    "tensor_parallel": 8,
+    "weight_dtype": "fp8",
+    "kv_dtype": "fp8",
+    "min_replicas": 8,
+    "max_replicas": 8,
+    "warm_pool": 0,
+    "max_num_seqs": 1024,
+    "max_batched_tokens": 8192,
+    "queue_cap": 100000,
+    "prompt_tokens": 1000,
+    "output_tokens": 250,
+    "sim_speed": 1,
     "prefix_caching": False,  # random prompts share no prefix (SimSpec's default): hashing them only costs
 }
 
@@ -65,7 +77,9 @@ def browser_page() -> Iterator[Page]:
 
 def open_sim(page: Page, server: ServerProcess, levers: dict[str, object]) -> None:
     page.goto(server.base_url + link(levers))
-    page.wait_for_function("window.servelab && window.servelab.lab && window.servelab.lab.executor === 'sim'", timeout=60_000)
+    page.wait_for_function(
+        "window.servelab && window.servelab.lab && window.servelab.lab.executor === 'sim'", timeout=60_000
+    )
 
 
 def main() -> None:
@@ -84,17 +98,22 @@ def main() -> None:
         snaps1, cpu1, wall1 = page.evaluate("window.servelab.snapshots"), cpu_seconds(server.proc.pid), time.monotonic()
         lab = page.evaluate("window.servelab.lab")
     wall = wall1 - wall0
-    print(json.dumps({
-        "badge": lab["badge"],
-        "rate_req_s": args.rate,
-        "seconds": round(wall, 1),
-        "snapshots_per_s": round((snaps1 - snaps0) / wall, 2),
-        "web_process_cores": round((cpu1 - cpu0) / wall, 3),
-        "simulated_s_per_wall_s": round((lab["sim"]["sim_time_s"] - sim0["sim_time_s"]) / wall, 3),
-        "requests_finished": lab["sim"]["finished"] - sim0["finished"],
-        "gpus": lab["levers"]["gpu_count"],
-        "traffic": lab["traffic"],
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "badge": lab["badge"],
+                "rate_req_s": args.rate,
+                "seconds": round(wall, 1),
+                "snapshots_per_s": round((snaps1 - snaps0) / wall, 2),
+                "web_process_cores": round((cpu1 - cpu0) / wall, 3),
+                "simulated_s_per_wall_s": round((lab["sim"]["sim_time_s"] - sim0["sim_time_s"]) / wall, 3),
+                "requests_finished": lab["sim"]["finished"] - sim0["finished"],
+                "gpus": lab["levers"]["gpu_count"],
+                "traffic": lab["traffic"],
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":
