@@ -126,3 +126,18 @@ def test_the_pacer_streams_at_least_five_snapshots_a_second_and_stops_for_good()
     count = len(got)
     time.sleep(0.5)
     assert len(got) == count
+
+
+def test_every_evolution_card_runs_at_scale_and_the_first_one_queues() -> None:
+    from web.evolution import EVOLUTION
+
+    base = DEFAULTS | {"executor": "sim"}
+    for card in EVOLUTION:
+        levers = validate_levers(card["sim_levers"])
+        check_sim(base | levers, levers)
+    # One H100 serving Llama-3.1-8B one request at a time: 2 req/s of 200-token answers queue up.
+    lab = SimLab(base | EVOLUTION[0]["sim_levers"] | {"queue_cap": 1000}, lambda snap: None)
+    lab.start_traffic()
+    early = run_for(lab, 10.0)["queue_depth"]
+    late = run_for(lab, 20.0)
+    assert late["running"] <= 1 and late["queue_depth"] > early > 0
