@@ -7,7 +7,7 @@ and the lessons. Keys are fixed by DESIGN.md; a page's input `name` is the key.
 
 Ranges are what the simulated fleet can reach (thousands of req/s, 32k prompts, 512 GPUs); the
 live engine's narrower limits on this machine are engine/serving/lab.py check_live's, and a
-simulated configuration's are engine/sim/lab_sim.py check_sim's (the simulator's own reasons)."""
+simulated configuration's are engine/sim/lab_check.py check_sim's (the simulator's own reasons)."""
 
 from __future__ import annotations
 

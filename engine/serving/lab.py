@@ -38,7 +38,8 @@ from engine.serving.fleet import Fleet
 from engine.serving.replica_api import SERVING
 from engine.serving.shape import shape_for
 from engine.serving.traffic import TrafficDriver
-from engine.sim.lab_sim import SimLab, check_sim, model_label
+from engine.sim.lab_check import check_sim, model_label
+from engine.sim.lab_sim import SimLab
 
 log = logging.getLogger("servelab.lab")
 
