@@ -59,7 +59,10 @@
   function resetCharts(simulated) {
     for (const c of charts) {
       Plotly.restyle(c.el, { x: c.spec.map(() => []), y: c.spec.map(() => []) });
-      Plotly.relayout(c.el, { "xaxis.title.text": simulated ? "simulated time" : "" });
+      // The axis title needs room below the ticks: the legend moves down under it.
+      Plotly.relayout(c.el, simulated
+        ? { "xaxis.title.text": "simulated time", "xaxis.title.font.size": 10, "xaxis.title.standoff": 2, "margin.b": 44, "legend.y": -0.5 }
+        : { "xaxis.title.text": "", "margin.b": 28, "legend.y": -0.25 });
     }
   }
   function plot(snap) {

@@ -139,6 +139,9 @@ def test_the_recommended_shape_follows_the_levers_across_the_thresholds(server: 
 
 
 def test_switching_modes_back_and_forth_leaves_nothing_running_behind_the_page(server: ServerProcess, page: Page) -> None:
+    for n in range(1, 9):  # the mode switch is on every step page, once
+        status, body = server.request("GET", f"/steps/{n}")
+        assert status == 200 and body.count(b'name="executor"') == 1, n
     open_lab(page, server)
     page.evaluate("window.servelab.socket.emit('flood', {action: 'start'})")  # live traffic at the lever's rate
     wait_for(page, "window.servelab.lab.running.live_traffic === true")
