@@ -86,6 +86,7 @@ bench-sim: $(STAMP)
 	$(PY) -m bench.sim_trtllm
 	$(PY) -m bench.sim_disagg
 	$(PY) -m bench.sim_speed
+	$(PY) -m bench.whatif_speed
 
 profile: $(STAMP) $(TCMALLOC) $(KERNEL_STAMP)
 	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.profile_step

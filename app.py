@@ -24,6 +24,7 @@ from web import create_api_app
 from web.lessons import LessonLibrary
 from web.live import LiveChannel
 from web.pages import pages
+from web.whatif import whatif
 
 
 def build_lab(levers: dict | None = None, engine: dict | None = None, drain_timeout_s: float = 30.0) -> LiveLab:
@@ -53,6 +54,7 @@ def create_app(lab: LiveLab, instructor_token: str | None = None) -> Flask:
     lessons = LessonLibrary()
     app.extensions["servelab_lessons"] = lessons
     app.register_blueprint(pages)
+    app.register_blueprint(whatif)  # the what-if panels: A/B, predict-then-run, at scale
     # cors_allowed_origins=None is Socket.IO's same-origin rule: a page from another origin
     # cannot drive this engine from a learner's browser.
     socketio = SocketIO(app, async_mode="threading", cors_allowed_origins=None)

@@ -90,6 +90,8 @@ LEVERS: dict[str, Lever] = {
         Lever("max_replicas", int, 2, "Max replicas", "", 1, 512),
         Lever("warm_pool", int, 0, "Warm pool", "replicas", 0, 64),
         Lever("provision_delay_s", float, 5.0, "Provisioning delay", "s", 0, 3600),
+        # The user's own price: what a GPU-hour costs them; the what-if's cost per million tokens.
+        Lever("gpu_hour_usd", float, 2.0, "Your GPU price", "$/GPU-hour", 0, 1000, apply="sim"),
     )
 }
 

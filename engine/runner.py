@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from engine.huge_pages import zeros_on_huge_pages
 from engine.logits_processors import process_logits
 from engine.logprobs import token_logprobs
 from engine.model.llama import AttentionBatch, Llama, PrefillChunk
@@ -29,6 +30,8 @@ class ModelRunner:
         shape = (cfg.num_kv_heads, num_blocks, block_size, cfg.head_dim)
 
         def cache() -> torch.Tensor:
+            if device == "cpu":  # blocks scattered over the cache: huge pages spare the TLB
+                return zeros_on_huge_pages(shape, dtype).permute(1, 2, 0, 3)
             return torch.zeros(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
 
         self.kv_caches = [(cache(), cache()) for _ in range(cfg.num_layers)]

@@ -98,7 +98,7 @@
     }
     const simulated = lab.executor === "sim";
     document.body.classList.toggle("simulated", simulated);
-    for (const b of $$(".sim-badge")) { b.hidden = !simulated; b.textContent = lab.badge || ""; }
+    for (const b of $$(".mode-badge")) { b.hidden = !simulated; b.textContent = lab.badge || ""; }
     const share = $("#share-link");
     if (share) {
       const defaults = JSON.parse(share.dataset.defaults), query = new URLSearchParams();

@@ -47,11 +47,29 @@ def clear_prefix(out: Any) -> int:
     return next((i for i, m in enumerate(margins) if m < CLEAR_MARGIN), len(margins))
 
 
-def test_bf16_greedy_op_matches_torch_where_the_margin_is_clear(llm: LLM, hf_reference: dict[str, Any]) -> None:
+def recorded(hf_reference: dict[str, Any]) -> list[dict[str, Any]]:
     by_name = {r["name"]: r for r in hf_reference["prompts"]}
-    refs = [by_name[name] for name in PROMPTS]
+    return [by_name[name] for name in PROMPTS]
+
+
+def test_bf16_greedy_op_matches_torch_where_the_margin_is_clear(llm: LLM, hf_reference: dict[str, Any]) -> None:
+    refs = recorded(hf_reference)
+    assert_clear_tokens_match(refs, generate(llm, "torch", refs), generate(llm, "cpu", refs))
+    assert llm.engine.kv.num_used_blocks == 0
+
+
+def test_bf16_compiled_forward_matches_torch_where_the_margin_is_clear(llm: LLM, hf_reference: dict[str, Any]) -> None:
+    """The recommended configuration: bf16, oneDNN-prepacked weights behind servelab's own linear
+    op, the whole forward through Inductor."""
+    refs = recorded(hf_reference)
     reference = generate(llm, "torch", refs)
-    op = generate(llm, "cpu", refs)
+    compiled = LLM(dtype="bfloat16", prefix_caching=False, compile=True)
+    assert compiled.engine.model is not None and compiled.engine.model.compiled_forward is not None
+    assert compiled.engine.model.packed_lm_head is not None  # the prepacked linear is what is tested
+    assert_clear_tokens_match(refs, reference, generate(compiled, "cpu", refs))
+
+
+def assert_clear_tokens_match(refs: list[dict[str, Any]], reference: list[Any], op: list[Any]) -> None:
     compared = 0
     for ref, want, got in zip(refs, reference, op):
         assert len(want.token_ids) == len(got.token_ids) == NEW_TOKENS, ref["name"]
@@ -61,4 +79,3 @@ def test_bf16_greedy_op_matches_torch_where_the_margin_is_clear(llm: LLM, hf_ref
     print(f"compared {compared} of {len(refs) * NEW_TOKENS} tokens")
     # Not vacuous: at least half of all generated positions were compared.
     assert compared >= len(refs) * NEW_TOKENS // 2, compared
-    assert llm.engine.kv.num_used_blocks == 0

@@ -82,7 +82,7 @@ def test_a_link_runs_70b_on_8_h100s_and_every_chart_panel_and_badge_follows_the_
     # Simulated seconds on the x-axis, and simulated traffic flowing through the fleet.
     assert page.evaluate("document.getElementById('chart-queue_depth').layout.xaxis.title.text") == "simulated time"
     wait_for(page, "window.servelab.lab.traffic.sent > 50 && window.servelab.lab.sim.finished > 0")
-    badges = page.locator(".chart-card .sim-badge, #bottlenecks .sim-badge, #shape .sim-badge, #envelope .sim-badge")
+    badges = page.locator(".chart-card .mode-badge, #bottlenecks .mode-badge, #shape .mode-badge, #envelope .mode-badge")
     assert badges.count() == len(CHARTS) + 3
     for i in range(badges.count()):
         expect(badges.nth(i)).to_be_visible()
@@ -156,4 +156,4 @@ def test_switching_modes_back_and_forth_leaves_nothing_running_behind_the_page(s
     # The stream is the live engine's again: its snapshots keep coming, unbadged.
     count = page.evaluate("window.servelab.snapshots")
     wait_for(page, f"window.servelab.snapshots > {count} + 5", 5)
-    expect(page.locator("#bottlenecks .sim-badge")).to_be_hidden()
+    expect(page.locator("#bottlenecks .mode-badge")).to_be_hidden()

@@ -136,7 +136,9 @@ def _check(meta: Any, c: _Checker) -> None:
     _check_cards(meta.get("scenarios"), "scenarios", ("title", "watch"), c)
     _check_cards(meta.get("failure_modes"), "failure_modes", ("title", "expect"), c)
     _check_decision(meta.get("decision"), c)
-    known = {"step", "title", "summary", "levers", "charts", "scenarios", "decision", "failure_modes"}
+    if "at_scale" in meta:
+        _check_at_scale(meta["at_scale"], c)
+    known = {"step", "title", "summary", "levers", "charts", "scenarios", "decision", "failure_modes", "at_scale"}
     for key in meta:
         if key not in known:
             c.fail((key,), f"unknown field {key!r}")
@@ -192,6 +194,51 @@ def _check_decision(decision: Any, c: _Checker) -> None:
         correct += option.get("correct") is True
     if correct != 1:
         c.fail(("decision", "options"), f"exactly one option must be correct, found {correct}")
+
+
+def _check_at_scale(runs: Any, c: _Checker) -> None:
+    """at_scale: a list of simulated experiments, each {title, watch, experiment (an A/B of
+    engine/sim/compare.py: traffic, a, b, each side with a label), quotes (the figures the body
+    quotes: side, key of the side's table row or summary, value), refusals (levers of a side the
+    simulator refuses, and words of its reason)}. The quoted figures themselves are checked
+    against fresh runs by tests/test_lesson_at_scale.py, not here (a page load runs no simulation)."""
+    from engine.sim.compare import parse_experiment
+
+    if not isinstance(runs, list) or not runs:
+        c.fail(("at_scale",), "at_scale must be a non-empty list of experiments")
+        return
+    for i, run in enumerate(runs):
+        where = ("at_scale", i)
+        if not isinstance(run, dict):
+            c.fail(where, "each at_scale entry must be a mapping")
+            continue
+        for key in ("title", "watch"):
+            if not isinstance(run.get(key), str) or not run[key].strip():
+                c.fail((*where, key), f"at_scale[{i}] needs a non-empty {key}")
+        unknown = set(run) - {"title", "watch", "experiment", "quotes", "refusals"}
+        for key in sorted(unknown):
+            c.fail((*where, key), f"unknown field {key!r} in at_scale[{i}]")
+        experiment = run.get("experiment")
+        if not isinstance(experiment, dict) or not all(isinstance(experiment.get(s), dict) for s in ("a", "b")):
+            c.fail((*where, "experiment"), "an experiment needs traffic and two sides, a and b")
+            continue
+        for side in ("a", "b"):
+            if not isinstance(experiment[side].get("label"), str):
+                c.fail((*where, "experiment", side), f"side {side} needs a label")
+        try:
+            parse_experiment(experiment)
+        except InvalidParamError as err:
+            group, _, key = (err.param or "").partition(".")
+            c.fail((*where, "experiment", group, key), f"experiment {err}")
+        for j, quote in enumerate(run.get("quotes") or []):
+            ok = isinstance(quote, dict) and quote.get("side") in ("a", "b") and isinstance(quote.get("key"), str)
+            if not ok or isinstance(quote.get("value"), bool) or not isinstance(quote.get("value"), (int, float)):
+                c.fail((*where, "quotes", j), "a quote needs side (a or b), key and a numeric value")
+        for j, refusal in enumerate(run.get("refusals") or []):
+            if not isinstance(refusal, dict) or not isinstance(refusal.get("levers"), dict) or not isinstance(
+                refusal.get("reason"), str
+            ):
+                c.fail((*where, "refusals", j), "a refusal needs levers (one side's) and words of the reason")
 
 
 class LessonLibrary:

@@ -39,6 +39,10 @@ def _register_fakes() -> None:
     def _(q: torch.Tensor, *_: object) -> torch.Tensor:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
+    @torch.library.register_fake("servelab::linear_prepacked")
+    def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+        return x.new_empty(*x.shape[:-1], out_features)
+
     @torch.library.register_fake("servelab::paged_attention_out")
     @torch.library.register_fake("servelab::store_kv")
     def _(*_: object) -> None:
@@ -65,6 +69,12 @@ def paged_attention(
     return torch.ops.servelab.paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, sdpa_from
     )
+
+
+def linear_prepacked(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """x @ W.T for W prepacked by oneDNN (mkldnn::_linear_pointwise), as an opaque op that
+    torch.compile keeps (Inductor lowers oneDNN's own op only for frozen weights)."""
+    return torch.ops.servelab.linear_prepacked(x, packed, out_features)
 
 
 def paged_attention_out(out: torch.Tensor, *args: object) -> None:

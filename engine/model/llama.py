@@ -78,19 +78,9 @@ class DecoderLayer(nn.Module):
 def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
     if packed is None:
         return F.linear(x, weight)
-    if torch.compiler.is_compiling():  # Inductor lowers oneDNN's op only for frozen weights: keep it opaque
-        return packed_linear(x, packed, weight.shape[0])
+    if torch.compiler.is_compiling():  # only with the C++ op loaded (engine/model/compile.py)
+        return cpu_attention.linear_prepacked(x, packed, weight.shape[0])
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-
-
-@torch.library.custom_op("servelab::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-
-
-@packed_linear.register_fake
-def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], out_features)
 
 
 class Llama(nn.Module):

@@ -45,14 +45,22 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--num-requests", type=int, default=1000)
     r.add_argument("--rate", type=_rate, default=float("inf"), help="requests/s, or inf (all at once)")
     r.add_argument("--burstiness", type=float, default=1.0)
+    r.add_argument("--burst-factor", type=float, default=1.0, help="the rate times this during the burst")
+    r.add_argument("--burst-at-s", type=float, default=0.0, help="simulated second the burst begins")
+    r.add_argument("--burst-s", type=float, default=0.0, help="how long the burst lasts (simulated s)")
+    r.add_argument("--kv-budget-mb", type=float, default=None, help="KV cache per GPU (default: what memory leaves)")
     r.add_argument("--max-num-seqs", type=int, default=1024)
     r.add_argument("--max-batched-tokens", type=int, default=8192)
     r.add_argument("--admission", choices=("greedy", "reserve"), default="greedy",
                    help="greedy: vLLM (preempt when full); reserve: TensorRT-LLM's guaranteed-no-evict")
     r.add_argument("--prefix-caching", type=_bool, default=False)
+    r.add_argument("--paged", type=_bool, default=True, help="false: static batches, contiguous max-length KV")
+    r.add_argument("--block-size", type=int, default=SimSpec.block_size, help="KV block size in tokens")
     r.add_argument("--prefill-gpus", type=int, default=None, help="with --decode-gpus: disaggregated pools")
     r.add_argument("--decode-gpus", type=int, default=None)
     r.add_argument("--ttft-slo-ms", type=float, default=None)
+    r.add_argument("--queue-cap", type=int, default=None, help="the router's queue bound (default: every request)")
+    r.add_argument("--deadline-s", type=float, default=None, help="a queued request expires after this long")
     r.add_argument("--tpot-slo-ms", type=float, default=None)
     r.add_argument("--kill-replica-at", type=float, default=None, help="simulated second replica 0 fails")
     r.add_argument("--seed", type=int, default=0)
@@ -74,17 +82,22 @@ def parser() -> argparse.ArgumentParser:
 
 def spec_from(args: argparse.Namespace) -> SimSpec:
     kv = args.kv_dtype or ("bf16" if args.dtype == "fp4" else args.dtype)
-    for name in ("gpus", "tp", "input_tokens", "output_tokens", "num_requests", "max_num_seqs", "max_batched_tokens"):
+    names = ("gpus", "tp", "input_tokens", "output_tokens", "num_requests", "max_num_seqs", "max_batched_tokens", "block_size")
+    for name in names:
         if getattr(args, name) < 1:
             raise SimConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if (args.queue_cap is not None and args.queue_cap < 1) or (args.deadline_s is not None and not args.deadline_s > 0):
+        raise SimConfigError("--queue-cap must be at least 1 and --deadline-s positive")
     if not 0 <= args.input_range_ratio < 1:
         raise SimConfigError("--input-range-ratio must be in [0, 1)")
     return SimSpec(
         model=args.model, device=args.device, gpus=args.gpus, tp=args.tp, dtype=args.dtype, kv_dtype=kv,
         input_tokens=args.input_tokens, output_tokens=args.output_tokens, input_range_ratio=args.input_range_ratio,
-        num_requests=args.num_requests, rate=args.rate, burstiness=args.burstiness, max_num_seqs=args.max_num_seqs,
+        num_requests=args.num_requests, rate=args.rate, burstiness=args.burstiness, burst_factor=args.burst_factor,
+        burst_at_s=args.burst_at_s, burst_s=args.burst_s, kv_budget_mb=args.kv_budget_mb, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens, ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
-        seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching,
+        seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching, paged=args.paged,
+        block_size=args.block_size, queue_cap=args.queue_cap, deadline_s=args.deadline_s,
         kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
         autoscale=args.autoscale, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
         warm_pool=args.warm_pool, provision_delay_s=args.provision_delay_s, storage_bw=args.storage_gbs * 1e9,

@@ -24,7 +24,7 @@ from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, summarize
 from engine.sim.run import SimSpec, replica_figures, take_errors
 from engine.sim.runner import sim_executor
-from engine.sim.workload import SimRequest, make_workload
+from engine.sim.workload import SimRequest
 
 DONE_CHECK_S = 0.1  # how often the run looks for its end (simulated seconds)
 
@@ -41,10 +41,7 @@ def simulate_fleet(
     loop = EventLoop()
     clock = loop.clock
     if requests is None:
-        requests = make_workload(
-            spec.num_requests, spec.rate, spec.input_tokens, spec.output_tokens, spec.input_range_ratio,
-            spec.burstiness, spec.seed,
-        )
+        requests = spec.workload()
     rec = Recorder({r.request_id: r.arrival for r in requests})
     hop = dep.device.front_latency_s if spec.front_on_device else 0.0  # client -> router (see SimSpec)
     if spec.ttft_slo_ms is not None or spec.tpot_slo_ms is not None:
@@ -102,8 +99,9 @@ def simulate_fleet(
         timeline.append({
             "t": round(now, 3), "replicas": snap["replicas"], "queue_depth": snap["queue_depth"],
             "running": snap["running"], "kv_used_blocks": snap["kv_used_blocks"],
+            "kv_total_blocks": snap["kv_total_blocks"],
             "output_tok_s": (tokens - tokens_seen[1]) / span if span > 0 else 0.0,
-            "ttft_p99_s": snap["ttft_p99"],
+            "ttft_p50_s": snap["ttft_p50"], "ttft_p99_s": snap["ttft_p99"],
         })
         tokens_seen[:] = [now, tokens]
 

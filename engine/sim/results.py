@@ -17,6 +17,7 @@ class Recorder:
 
     arrivals: dict[str, float]
     ttft: array = field(default_factory=lambda: array("d"))
+    first_at: array = field(default_factory=lambda: array("d"))  # each ttft's first-token time (a timeline's window)
     tpot: array = field(default_factory=lambda: array("d"))
     e2el: array = field(default_factory=lambda: array("d"))
     itl: array = field(default_factory=lambda: array("d"))
@@ -36,6 +37,7 @@ class Recorder:
         ttft = tokens[0] - arrival
         tpot = (tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else 0.0
         self.ttft.append(ttft)
+        self.first_at.append(tokens[0])
         self.e2el.append(t.finished - arrival)
         if len(tokens) > 1:
             self.tpot.append(tpot)

@@ -24,7 +24,7 @@ from engine.sim.models import get_model
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, summarize
 from engine.sim.runner import sim_executor
-from engine.sim.workload import SimRequest, make_workload
+from engine.sim.workload import Burst, SimRequest, make_workload
 
 
 @dataclass
@@ -41,6 +41,9 @@ class SimSpec:
     num_requests: int = 1000
     rate: float = float("inf")
     burstiness: float = 1.0
+    burst_factor: float = 1.0  # the rate times this for burst_s from burst_at_s (workload.Burst)
+    burst_at_s: float = 0.0
+    burst_s: float = 0.0
     max_num_seqs: int = 1024  # vLLM v1's default for the API server on a >= 70 GB GPU
     max_batched_tokens: int = 8192
     ttft_slo_ms: float | None = None
@@ -48,6 +51,9 @@ class SimSpec:
     seed: int = 0
     admission: str = "greedy"  # engine/config.py ADMISSION_POLICIES
     prefix_caching: bool = False  # random prompts share no prefix; hashing them only costs time
+    paged: bool = True  # False: static batches over contiguous max-length KV slabs (EngineConfig.paged)
+    block_size: int = 16  # KV block size in tokens (EngineConfig.block_size)
+    kv_budget_mb: float | None = None  # per GPU; None: what the device's memory leaves (EngineConfig)
     queue_cap: int | None = None  # None: every request is queued (as `vllm bench serve` expects)
     deadline_s: float | None = None
     kill_replica_at_s: float | None = None  # replica 0 fails at this simulated time
@@ -64,7 +70,8 @@ class SimSpec:
     warm_pool: int = LEVERS["warm_pool"].default
     provision_delay_s: float = LEVERS["provision_delay_s"].default
     storage_bw: float = C.STORAGE_BW  # bytes/s per GPU: a cold start loads its weight shard at this
-    timeline_s: float = 1.0  # the autoscaled run's timeline: one row per this many simulated seconds
+    timeline_s: float = 1.0  # the timeline: one row per this many simulated seconds
+    timeline: bool = False  # a plain run records one too (the autoscaled run always does)
     settle: bool = False  # after the last request, run on idle until the fleet is back at min_replicas
 
     def replica_bounds(self) -> tuple[int, int]:
@@ -114,6 +121,17 @@ class SimSpec:
         return EngineConfig(
             max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
             prefix_caching=self.prefix_caching, admission=self.admission, seed=self.seed,
+            paged=self.paged, block_size=self.block_size, kv_budget_mb=self.kv_budget_mb,
+        )
+
+    def workload(self) -> list[SimRequest]:
+        """The spec's own requests: seeded arrivals (with the burst, if any) and lengths."""
+        if self.burst_factor <= 0 or self.burst_at_s < 0 or self.burst_s < 0:
+            raise SimConfigError("the burst's factor must be positive, its start and length not negative")
+        burst = Burst(self.burst_factor, self.burst_at_s, self.burst_s) if self.burst_factor != 1.0 else None
+        return make_workload(
+            self.num_requests, self.rate, self.input_tokens, self.output_tokens, self.input_range_ratio,
+            self.burstiness, self.seed, burst,
         )
 
 
@@ -129,10 +147,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
     config = spec.engine_config()
     loop = EventLoop()
     clock = loop.clock
-    requests = requests if requests is not None else make_workload(
-        spec.num_requests, spec.rate, spec.input_tokens, spec.output_tokens, spec.input_range_ratio,
-        spec.burstiness, spec.seed,
-    )
+    requests = requests if requests is not None else spec.workload()
     rec = Recorder({r.request_id: r.arrival for r in requests})
     if spec.ttft_slo_ms is not None or spec.tpot_slo_ms is not None:
         rec.slo_s = ((spec.ttft_slo_ms or float("inf")) / 1000, (spec.tpot_slo_ms or float("inf")) / 1000)
@@ -215,9 +230,17 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         busy = any(r.busy for r in replicas) or any(len(rt.queue) for rt in routers)
         return arrived[0] < len(requests) or busy
 
+    sampler = None
+    if spec.timeline:
+        from engine.sim.timeline import TimelineSampler
+
+        sampler = TimelineSampler(spec.timeline_s, replicas, routers, clock)
+
     def poll() -> bool:
         for rt in routers:
             rt.dispatch_once()
+        if sampler is not None:
+            sampler.due()  # on the router's own poll, so the timeline adds no event past the run's end
         return open_requests()
 
     hop = dep.device.front_latency_s if spec.front_on_device else 0.0  # client -> router (see SimSpec)
@@ -236,6 +259,13 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         "prefill_replicas": 0 if decode_router is None else spec.prefill_gpus // spec.tp,
         "simulated_s": clock.now(),
     }
+    if sampler is not None:
+        from engine.sim.timeline import fill_ttft
+
+        if not sampler.rows or sampler.rows[-1]["t"] < clock.now():
+            sampler.sample()  # the end of the run
+        fill_ttft(sampler.rows, rec)
+        result["timeline"] = sampler.rows
     return result
 
 

@@ -16,12 +16,14 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define SERVELAB_X86 1
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 #endif
 
 #include <algorithm>
@@ -187,8 +189,8 @@ AVX512 void fold_avx512(const float* q, int64_t R, int64_t /*D*/, const float* k
 // cache, each key and value row loaded and widened once for the whole group, the group's
 // queries and accumulators in registers. s holds G rows of n scores.
 template <typename T, int NC, int G>
-AVX512 void fold_decode_avx512(const float* q, const T* k, int64_t k_row, const T* v, int64_t v_row, int64_t n,
-                               float* s, Rows rows) {
+AVX512 void fold_decode_avx512(const float* q, const T* /*q_raw*/, float /*scale*/, const T* k, int64_t k_row,
+                               const T* v, int64_t v_row, int64_t n, float* s, Rows rows) {
   constexpr int64_t D = 16 * NC;
   __m512 qr[G][NC];
   for (int g = 0; g < G; ++g)
@@ -219,6 +221,87 @@ AVX512 void fold_decode_avx512(const float* q, const T* k, int64_t k_row, const 
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(rows.acc + g * D + 16 * c, acc[g][c]);
 }
 
+// Sums each of 16 vectors across its lanes in 45 shuffles and adds (16 horizontal reductions would
+// take about three times that, each a serial chain): lane 4c + i of the result is the sum of
+// v[4i + c]. Callers store key k's partial at slot kSlot[k], so that lane k holds key k.
+constexpr int kSlot[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
+
+AVX512 inline __m512 sum_lanes16(const __m512* v) {
+  __m512 x[8], y[4], z[2];
+  for (int i = 0; i < 8; ++i)  // [A.c0+A.c2, A.c1+A.c3, B.c0+B.c2, B.c1+B.c3] by 128-bit chunk
+    x[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // one 128-bit chunk per vector
+    y[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(x[2 * i], x[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // two lanes per vector
+    z[i] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(y[2 * i], y[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_ps(z[0], z[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Decode over bf16 K/V on a CPU with AVX512-BF16, 16 keys at a time: each score is a dot product
+// of the raw bf16 query and key rows by vdpbf16ps (exact products, fp32 sums), the 16 scores of a
+// head reduced together, the online softmax on one vector of 16, and the weighted sum of V in fp32.
+// q_raw: the group's G query rows as stored (unscaled); the scale is applied to the scores.
+template <int NC, int G>  // head_dim = 16 * NC
+AVX512BF16 void decode_blocked_bf16(const float* /*q*/, const c10::BFloat16* q_raw, float scale,
+                                    const c10::BFloat16* k, int64_t k_row, const c10::BFloat16* v, int64_t v_row,
+                                    int64_t n, float* s, Rows rows) {
+  constexpr int64_t D = 16 * NC;
+  constexpr int NP = NC / 2;  // 32 bf16 per register
+  __m512bh qr[G][NP];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < NP; ++c) qr[g][c] = (__m512bh)_mm512_loadu_si512(q_raw + g * D + 32 * c);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t nk = std::min<int64_t>(16, n - j0);
+    const __mmask16 valid = first_lanes(nk);
+    const c10::BFloat16* kb = k + j0 * k_row;
+    float* p = s;  // G rows of 16 probabilities
+    for (int g = 0; g < G; ++g) {
+      __m512 part[16];
+      for (int kk = 0; kk < 16; ++kk) {
+        __m512 acc = _mm512_setzero_ps();
+        if (kk < nk) {
+          const c10::BFloat16* row = kb + kk * k_row;
+          for (int c = 0; c < NP; ++c)
+            acc = _mm512_dpbf16_ps(acc, qr[g][c], (__m512bh)_mm512_loadu_si512(row + 32 * c));
+        }
+        part[kSlot[kk]] = acc;
+      }
+      const __m512 score = _mm512_mask_mov_ps(_mm512_set1_ps(kNegInf), valid, _mm512_mul_ps(sum_lanes16(part), vscale));
+      const float m_old = rows.m[g];
+      const float m_new = std::max(m_old, _mm512_reduce_max_ps(score));
+      const __m512 e = _mm512_maskz_mov_ps(valid, exp512(_mm512_sub_ps(score, _mm512_set1_ps(m_new))));
+      const float alpha = m_new == m_old ? 1.f : std::exp(m_old - m_new);  // 0 on the first block (m = -inf)
+      rows.l[g] = rows.l[g] * alpha + _mm512_reduce_add_ps(e);
+      rows.m[g] = m_new;
+      _mm512_storeu_ps(p + g * 16, e);
+      if (alpha != 1.f) {
+        const __m512 a = _mm512_set1_ps(alpha);
+        for (int c = 0; c < NC; ++c)
+          _mm512_storeu_ps(rows.acc + g * D + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(rows.acc + g * D + 16 * c), a));
+      }
+    }
+    __m512 acc[G][NC];
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_loadu_ps(rows.acc + g * D + 16 * c);
+    const c10::BFloat16* vb = v + j0 * v_row;
+    for (int64_t j = 0; j < nk; ++j) {
+      __m512 vj[NC];
+      for (int c = 0; c < NC; ++c) vj[c] = load16(vb + j * v_row + 16 * c);
+      for (int g = 0; g < G; ++g) {
+        const __m512 pj = _mm512_set1_ps(p[g * 16 + j]);
+        for (int c = 0; c < NC; ++c) acc[g][c] = _mm512_fmadd_ps(pj, vj[c], acc[g][c]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int c = 0; c < NC; ++c) _mm512_storeu_ps(rows.acc + g * D + 16 * c, acc[g][c]);
+  }
+}
+
 #endif  // SERVELAB_X86
 
 bool has_avx512() {
@@ -231,11 +314,21 @@ bool has_avx512() {
 #endif
 }
 
+bool has_avx512bf16() {
+#ifdef SERVELAB_X86
+  static const bool yes = has_avx512() && __builtin_cpu_supports("avx512bf16");
+  return yes;
+#else
+  return false;
+#endif
+}
+
 template <typename T>
 using LoadFn = void (*)(const T*, int64_t, int64_t, int64_t, float*);
 
+// (q scaled in fp32, q as stored, scale, K block, K row stride, V block, V row stride, keys, scratch, rows)
 template <typename T>
-using DecodeFn = void (*)(const float*, const T*, int64_t, const T*, int64_t, int64_t, float*, Rows);
+using DecodeFn = void (*)(const float*, const T*, float, const T*, int64_t, const T*, int64_t, int64_t, float*, Rows);
 
 template <typename T>
 struct Kernels {
@@ -245,6 +338,30 @@ struct Kernels {
 };
 
 #ifdef SERVELAB_X86
+template <int NC>
+DecodeFn<c10::BFloat16> blocked_bf16_for_group(int64_t G) {
+  switch (G) {
+    case 1: return decode_blocked_bf16<NC, 1>;
+    case 2: return decode_blocked_bf16<NC, 2>;
+    case 3: return decode_blocked_bf16<NC, 3>;
+    case 4: return decode_blocked_bf16<NC, 4>;
+    case 5: return decode_blocked_bf16<NC, 5>;
+    case 6: return decode_blocked_bf16<NC, 6>;
+    case 7: return decode_blocked_bf16<NC, 7>;
+    case 8: return decode_blocked_bf16<NC, 8>;
+    default: return nullptr;
+  }
+}
+
+// bf16 caches on a CPU with AVX512-BF16 and head_dim 64 or 128: the 16-keys-at-a-time decode.
+template <typename T>
+DecodeFn<T> blocked_decode(int64_t, int64_t) { return nullptr; }
+template <>
+DecodeFn<c10::BFloat16> blocked_decode<c10::BFloat16>(int64_t D, int64_t G) {
+  if (!has_avx512bf16()) return nullptr;
+  return D == 64 ? blocked_bf16_for_group<4>(G) : D == 128 ? blocked_bf16_for_group<8>(G) : nullptr;
+}
+
 template <typename T, int NC>
 DecodeFn<T> decode_for_group(int64_t G) {
   switch (G) {
@@ -270,7 +387,9 @@ Kernels<T> pick_kernels(int64_t D, int64_t G, bool allow_simd) {
                                        fold_avx512<9>,  fold_avx512<10>, fold_avx512<11>, fold_avx512<12>,
                                        fold_avx512<13>, fold_avx512<14>, fold_avx512<15>, fold_avx512<16>};
     // The common head sizes (64, 128) get the register-resident decode path.
-    DecodeFn<T> decode = D == 64 ? decode_for_group<T, 4>(G) : D == 128 ? decode_for_group<T, 8>(G) : nullptr;
+    DecodeFn<T> decode = blocked_decode<T>(D, G);
+    if (decode == nullptr)
+      decode = D == 64 ? decode_for_group<T, 4>(G) : D == 128 ? decode_for_group<T, 8>(G) : nullptr;
     return {load_block_avx512<T>, folds[D / 16 - 1], decode};
   }
 #endif
@@ -358,9 +477,11 @@ struct Args {
 template <typename T>
 struct Scratch {
   std::vector<float> q, m, l, acc, k, v, s;
+  std::vector<T> q_raw;  // a decode's G query rows as stored
   std::vector<int64_t> visible;
   Scratch(int64_t rows, int64_t D, int64_t bs)
-      : q(rows * D), m(rows), l(rows), acc(rows * D), k(bs * D), v(bs * D), s(rows * (bs + 16)), visible(rows) {}
+      : q(rows * D), m(rows), l(rows), acc(rows * D), k(bs * D), v(bs * D), s(rows * (bs + 16)), q_raw(rows * D),
+        visible(rows) {}
 };
 
 template <typename T>
@@ -372,6 +493,7 @@ void run_item(const Args<T>& a, const Kernels<T>& kern, const Item& it, Scratch<
       const T* src = a.q + (it.q0 + t) * a.q_tok + (it.head * G + g) * a.q_head;
       float* dst = sc.q.data() + (t * G + g) * D;
       for (int64_t d = 0; d < D; ++d) dst[d] = to_float(src[d]) * a.scale;
+      if (it.nq == 1) std::copy_n(src, D, sc.q_raw.data() + g * D);
     }
   std::fill_n(sc.m.data(), R, kNegInf);
   std::fill_n(sc.l.data(), R, 0.f);
@@ -387,7 +509,7 @@ void run_item(const Args<T>& a, const Kernels<T>& kern, const Item& it, Scratch<
     const T* kb = a.k + phys * a.k_block + it.head * a.k_head;
     const T* vb = a.v + phys * a.v_block + it.head * a.v_head;
     if (it.nq == 1 && kern.decode != nullptr) {  // a decode sees every key of its blocks
-      kern.decode(sc.q.data(), kb, a.k_row, vb, a.v_row, n, sc.s.data(), rows);
+      kern.decode(sc.q.data(), sc.q_raw.data(), a.scale, kb, a.k_row, vb, a.v_row, n, sc.s.data(), rows);
       continue;
     }
     kern.load(kb, a.k_row, n, D, sc.k.data());
@@ -610,6 +732,18 @@ void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
 
 bool has_simd() { return has_avx512(); }
 
+// oneDNN's prepacked linear (mkldnn::_linear_pointwise) as an op of this library, so that the
+// compiled forward reaches it through the dispatcher alone: the Python custom op that wrapped it
+// cost about 10 us a call, 120 calls a step.
+at::Tensor linear_prepacked(const at::Tensor& x, const at::Tensor& packed, int64_t /*out_features*/) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+                            c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>)>();
+  return op.call(x, packed, std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), c10::string_view(""));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(servelab, m) {
@@ -621,10 +755,15 @@ TORCH_LIBRARY(servelab, m) {
       "Tensor seq_lens, Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64) -> ()");
   m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   m.def("has_simd", &has_simd);
+  m.def("linear_prepacked(Tensor x, Tensor packed, int out_features) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(servelab, CPU, m) {
   m.impl("paged_attention", paged_attention);
   m.impl("paged_attention_out", paged_attention_out);
   m.impl("store_kv", store_kv);
+  m.impl("linear_prepacked", linear_prepacked);
 }
+
+// The prepacked weight is an opaque oneDNN tensor, whose dispatch key (MkldnnCPU) picks the kernel.
+TORCH_LIBRARY_IMPL(servelab, MkldnnCPU, m) { m.impl("linear_prepacked", linear_prepacked); }

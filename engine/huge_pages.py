@@ -1,0 +1,31 @@
+"""Host memory on transparent huge pages, for the CPU KV cache.
+
+A decode step reads every running sequence's KV blocks, which lie anywhere in a cache of
+hundreds of MB: with 4 KiB pages nearly every 2 KiB block costs a TLB miss (measured here: a
+batch-64 decode's attention over shuffled blocks 15% faster on 2 MiB pages). Linux gives huge
+pages to an anonymous private mapping that asks for them (madvise), with THP set to `madvise` or
+`always`, as on this machine; elsewhere the same mapping works on ordinary pages. The mapping is
+also lazy: pages arrive as blocks are first written, so a large budget costs nothing until used."""
+
+from __future__ import annotations
+
+import math
+import mmap
+
+import torch
+
+HUGE_PAGE = 2 * 1024 * 1024
+
+
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor of this shape on a huge-page-aligned anonymous mapping (which the
+    tensor keeps alive)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    raw = torch.frombuffer(region, dtype=torch.uint8)  # holds a reference to region
+    skip = -raw.data_ptr() % HUGE_PAGE
+    return raw[skip : skip + nbytes].view(dtype).view(shape)

@@ -1,0 +1,396 @@
+"""A/B: two what-if configurations on the same seeded traffic, side by side.
+
+An experiment is one traffic (rate, lengths, burstiness, a burst, how many requests, the seed,
+the TTFT target that goodput counts against) and two sides (model, device, GPUs, TP, dtypes,
+pools, batching, autoscaling, and the user's GPU price). Both sides replay the very same request
+list (engine/sim/workload.py), one after the other, through `simulate` (the code behind
+`python -m engine.sim run`), and each side's figures come with the exact command that reproduces
+them. Keys are lever keys (engine/levers.py) where a lever exists, else the CLI's names.
+
+    experiment = parse_experiment({"preset": "tp4_vs_tp8"})
+    result = run_experiment(experiment)   # {"traffic", "a", "b"}: summaries, table rows, timelines
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from engine.errors import InvalidParamError
+from engine.levers import LEVERS
+from engine.serving.replica_api import ENDED
+from engine.sim.deployment import KV_DTYPES, WEIGHT_DTYPES, SimConfigError
+from engine.sim.devices import DEVICE_NAMES
+from engine.sim.models import MODEL_NAMES
+from engine.sim.presets import PRESETS
+from engine.sim.run import SimSpec, simulate
+from engine.sim.workload import SimRequest
+
+MAX_REQUESTS = 4000  # per side: with the bound below, one A/B returns in seconds on 2 cores
+# The work one side may simulate: requests x (output + prompt / PROMPT_WEIGHT) tokens. Decode
+# tokens cost a scheduler step each; a prompt is priced in chunks, so its tokens weigh less.
+MAX_WORK = 2_000_000
+PROMPT_WEIGHT = 16
+TIMELINE_S = 1.0  # one chart point per simulated second
+# The lever's model names (engine/levers.py MODELS) and the simulator's, lower-cased.
+MODEL_ALIASES = {"llama-8b": "llama-3.1-8b", "llama-70b": "llama-3.1-70b", "llama-405b": "llama-3.1-405b"}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key of an experiment: its type and range, and the SimSpec field and CLI flag it sets."""
+
+    key: str
+    kind: type
+    spec_field: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[Any, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + {"gpus": "gpus", "tp": "tp", "rate": "rate"}.get(
+            self.spec_field, self.spec_field.replace("_", "-")
+        )
+
+    def coerce(self, value: Any, where: str) -> Any:
+        """The value in this field's type (a query string's text too), or InvalidParamError naming `where`."""
+        if isinstance(value, str) and self.kind is not str:
+            text = value.strip().lower()
+            if self.kind is bool:
+                if text not in ("true", "false"):
+                    raise InvalidParamError(where, f"must be true or false, got {value!r}")
+                value = text == "true"
+            else:
+                try:
+                    value = float(text)
+                except ValueError:
+                    raise InvalidParamError(where, f"must be a number, got {value!r}") from None
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise InvalidParamError(where, f"must be true or false, got {value!r}")
+            return value
+        if self.kind is str:
+            text = MODEL_ALIASES.get(str(value).lower(), str(value).lower())
+            if text not in self.choices:
+                raise InvalidParamError(where, f"must be one of {', '.join(self.choices)}, got {value!r}")
+            return text
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise InvalidParamError(where, f"must be a number, got {value!r}")
+        if self.kind is int and value != int(value):
+            raise InvalidParamError(where, f"must be a whole number, got {value!r}")
+        value = self.kind(value)
+        if self.choices and value not in self.choices:
+            raise InvalidParamError(where, f"must be one of {', '.join(map(str, self.choices))}, got {value!r}")
+        if self.minimum is not None and value < self.minimum:
+            raise InvalidParamError(where, f"must be at least {self.minimum:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise InvalidParamError(where, f"must be at most {self.maximum:g}")
+        return value
+
+
+TRAFFIC_FIELDS = {f.key: f for f in (
+    Field("request_rate", float, "rate", 0.01, 10000),
+    Field("prompt_tokens", int, "input_tokens", 1, 131072),
+    Field("output_tokens", int, "output_tokens", 1, 131072),
+    Field("input_range_ratio", float, "input_range_ratio", 0, 0.99),
+    Field("burstiness", float, "burstiness", 0.1, 10),
+    Field("burst_factor", float, "burst_factor", 0.1, 100),
+    Field("burst_at_s", float, "burst_at_s", 0, 86400),
+    Field("burst_s", float, "burst_s", 0, 86400),
+    Field("num_requests", int, "num_requests", 1, MAX_REQUESTS),
+    Field("seed", int, "seed", 0, 2**31 - 1),
+    Field("ttft_target_ms", float, "ttft_slo_ms", 1, 600000),
+)}  # fmt: skip
+SIDE_FIELDS = {f.key: f for f in (
+    Field("model", str, "model", choices=MODEL_NAMES),
+    Field("device", str, "device", choices=DEVICE_NAMES),
+    Field("gpu_count", int, "gpus", 1, 512),
+    Field("tensor_parallel", int, "tp", choices=(1, 2, 4, 8)),
+    Field("weight_dtype", str, "dtype", choices=WEIGHT_DTYPES),
+    Field("kv_dtype", str, "kv_dtype", choices=KV_DTYPES),
+    Field("prefill_gpus", int, "prefill_gpus", 0, 512),  # 0 with decode_gpus 0: colocated
+    Field("decode_gpus", int, "decode_gpus", 0, 512),
+    Field("max_num_seqs", int, "max_num_seqs", 1, 4096),
+    Field("max_batched_tokens", int, "max_batched_tokens", 16, 131072),
+    Field("paged", bool, "paged"),
+    Field("block_size", int, "block_size", choices=(8, 16, 32, 64, 128)),
+    Field("prefix_caching", bool, "prefix_caching"),
+    Field("kv_budget_mb", float, "kv_budget_mb", 1, 10_000_000),
+    Field("queue_cap", int, "queue_cap", 1, 1_000_000),
+    Field("deadline_s", float, "deadline_s", 0.1, 86400),
+    Field("autoscale", bool, "autoscale"),
+    Field("min_replicas", int, "min_replicas", 1, 512),
+    Field("max_replicas", int, "max_replicas", 1, 512),
+    Field("warm_pool", int, "warm_pool", 0, 512),
+    Field("provision_delay_s", float, "provision_delay_s", 0, 86400),
+)}  # fmt: skip
+PRICE = LEVERS["gpu_hour_usd"]  # per side: two device kinds have two prices
+DEFAULT_TRAFFIC: dict[str, Any] = {
+    "request_rate": 10.0, "prompt_tokens": 1000, "output_tokens": 250, "input_range_ratio": 0.5,
+    "num_requests": 500, "ttft_target_ms": float(LEVERS["ttft_target_ms"].default),
+}  # fmt: skip
+DEFAULT_SIDE: dict[str, Any] = {"model": "llama-3.1-8b", "device": "h100", "gpu_count": 1, "tensor_parallel": 1}
+# Which key a simulator refusal is about, from the words of its reason (deployment.py, run.py).
+REASON_KEYS = (
+    ("--prefill-gpus", "prefill_gpus"), ("--decode-gpus", "decode_gpus"), ("disaggregation", "prefill_gpus"),
+    ("--min-replicas", "min_replicas"), ("warm pool", "warm_pool"), ("autoscaling", "autoscale"),
+    ("kv dtype", "kv_dtype"), ("of weights", "model"), ("fp4", "weight_dtype"), ("dtype", "weight_dtype"),
+    ("whole number of tp", "gpu_count"), ("tensor parallel", "tensor_parallel"), ("context", "prompt_tokens"),
+    ("device", "device"), ("burst", "burst_factor"), ("kv", "kv_budget_mb"),
+)  # fmt: skip
+
+
+@dataclass
+class Side:
+    label: str
+    levers: dict[str, Any]  # SIDE_FIELDS keys, every one this side sets
+    gpu_hour_usd: float = PRICE.default
+
+
+@dataclass
+class Experiment:
+    traffic: dict[str, Any]  # TRAFFIC_FIELDS keys
+    a: Side
+    b: Side
+    preset: str | None = None
+    sides: tuple[str, ...] = ("a", "b")
+
+    def spec(self, name: str) -> SimSpec:
+        """The side's SimSpec: the traffic's fields and the side's, over SimSpec's own defaults."""
+        side: Side = getattr(self, name)
+        values: dict[str, Any] = {}
+        for key, value in self.traffic.items():
+            values[TRAFFIC_FIELDS[key].spec_field] = value
+        for key, value in side.levers.items():
+            values[SIDE_FIELDS[key].spec_field] = value
+        if values.get("prefill_gpus") == 0 and values.get("decode_gpus", 0) == 0:
+            values.pop("prefill_gpus"), values.pop("decode_gpus", None)  # colocated
+        if "kv_dtype" not in values:  # the CLI's rule: the KV cache in the weights' dtype, fp4 keeps bf16
+            values["kv_dtype"] = "bf16" if values.get("dtype", "bf16") == "fp4" else values.get("dtype", "bf16")
+        return SimSpec(**values, timeline=True, timeline_s=TIMELINE_S)
+
+
+def parse_experiment(body: Mapping[str, Any]) -> Experiment:
+    """{"preset"?, "traffic"?, "a"?, "b"?}: the preset's values, overridden key by key; a side
+    takes "label" and "gpu_hour_usd" beside its levers. Raises InvalidParamError naming
+    `traffic.<key>`, `a.<key>` or `b.<key>`."""
+    if not isinstance(body, Mapping):
+        raise InvalidParamError("experiment", "must be an object with traffic, a and b")
+    unknown = set(body) - {"preset", "traffic", "a", "b"}
+    if unknown:
+        raise InvalidParamError(min(unknown), "is not part of an experiment (preset, traffic, a, b)")
+    preset_name = body.get("preset")
+    if preset_name is not None and preset_name not in PRESETS:
+        raise InvalidParamError("preset", f"must be one of {', '.join(PRESETS)}, got {preset_name!r}")
+    preset = PRESETS.get(preset_name or "", {})
+    traffic = DEFAULT_TRAFFIC | dict(preset.get("traffic", {})) | _mapping(body, "traffic")
+    clean = {
+        key: _field(TRAFFIC_FIELDS, key, "traffic").coerce(value, f"traffic.{key}") for key, value in traffic.items()
+    }
+    sides = []
+    for name in ("a", "b"):
+        given = dict(preset.get(name, {})) | _mapping(body, name)
+        label = str(given.pop("label", name.upper()))[:80]
+        price = PRICE.validate(_number(given.pop("gpu_hour_usd", PRICE.default), f"{name}.gpu_hour_usd"))
+        levers = DEFAULT_SIDE | given
+        sides.append(
+            Side(label, {k: _field(SIDE_FIELDS, k, name).coerce(v, f"{name}.{k}") for k, v in levers.items()}, price)
+        )
+    experiment = Experiment(clean, sides[0], sides[1], preset_name)
+    for name in experiment.sides:
+        check_side(experiment, name)
+    return experiment
+
+
+def check_side(experiment: Experiment, name: str) -> SimSpec:
+    """The side's spec if the simulator can run it and the work is within bounds, else
+    InvalidParamError naming the side's key the simulator's reason is about."""
+    spec = experiment.spec(name)
+    try:
+        spec.deployment()
+        if spec.autoscale:
+            spec.replica_bounds()
+    except SimConfigError as err:
+        raise InvalidParamError(blame(str(err), name), str(err)) from None
+    work = spec.num_requests * (spec.output_tokens + spec.input_tokens / PROMPT_WEIGHT) * (1 + spec.input_range_ratio)
+    if work > MAX_WORK:
+        raise InvalidParamError(
+            "traffic.num_requests",
+            f"{spec.num_requests} requests of {spec.input_tokens} + {spec.output_tokens} tokens are more work than "
+            "one A/B runs in the browser: use fewer requests, or run the side's command (python -m engine.sim run)",
+        )
+    return spec
+
+
+def blame(reason: str, side: str) -> str:
+    """The parameter a simulator refusal is about: `traffic.<key>` or `<side>.<key>`."""
+    text = reason.lower()
+    key = next((key for words, key in REASON_KEYS if words in text), "model")
+    return f"traffic.{key}" if key in TRAFFIC_FIELDS else f"{side}.{key}"
+
+
+def _mapping(body: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = body.get(key, {})
+    if not isinstance(value, Mapping):
+        raise InvalidParamError(key, "must be an object of keys and values")
+    return dict(value)
+
+
+def _field(table: dict[str, Field], key: str, where: str) -> Field:
+    if key not in table:
+        raise InvalidParamError(f"{where}.{key}", f"is not a key here; known: {', '.join(table)}")
+    return table[key]
+
+
+def _number(value: Any, where: str) -> float:
+    return Field(where, float, "", PRICE.minimum, PRICE.maximum).coerce(value, where)
+
+
+# running ---------------------------------------------------------------------------------------
+
+
+def run_experiment(experiment: Experiment) -> dict[str, Any]:
+    """Both sides on one request list, one after the other: each side's summary (the CLI's JSON),
+    table row, timeline, badge and reproducing command."""
+    first = experiment.spec(experiment.sides[0])
+    requests = first.workload()
+    out: dict[str, Any] = {
+        "traffic": experiment.traffic | {"workload_digest": workload_digest(requests), "requests": len(requests)},
+        "preset": experiment.preset,
+    }
+    for name in experiment.sides:
+        side: Side = getattr(experiment, name)
+        spec = experiment.spec(name)
+        result = simulate(spec, requests)
+        out[name] = {
+            "label": side.label,
+            "levers": side.levers | {"gpu_hour_usd": side.gpu_hour_usd},
+            "badge": badge(spec),
+            "command": command_for(spec),
+            "workload_digest": workload_digest(requests),
+            "row": table_row(spec, result, side.gpu_hour_usd),
+            "timeline": result["timeline"],
+            "summary": {k: v for k, v in result.items() if k not in ("timeline", "replicas_started", "scale_events")},
+            "scale_events": result.get("scale_events", []),
+        }
+    return out
+
+
+def workload_digest(requests: list[SimRequest]) -> str:
+    """A fingerprint of the request list (arrivals and lengths): equal on both sides of an A/B."""
+    h = hashlib.sha256()
+    for r in requests:
+        h.update(f"{r.request_id},{r.arrival!r},{r.prompt_len},{r.max_tokens};".encode())
+    return h.hexdigest()[:16]
+
+
+def gpu_seconds(spec: SimSpec, result: dict[str, Any]) -> tuple[float, int]:
+    """(GPU-seconds paid for, the most GPUs held at once). A fixed fleet holds every GPU for the
+    whole run; an autoscaled one holds each replica that is provisioning, loading, serving,
+    draining or warm in the pool, row by row of its timeline."""
+    if not spec.autoscale:
+        return spec.gpus * result["simulated_s"], spec.gpus
+    rows, end = result["timeline"], result["simulated_s"]
+    held, most = 0.0, 0
+    for i, row in enumerate(rows):  # a row's fleet holds from its time to the next row's
+        until = min(rows[i + 1]["t"] if i + 1 < len(rows) else end, end)
+        gpus = spec.tp * sum(n for state, n in row["replicas"].items() if state not in ENDED)
+        held += gpus * max(0.0, until - row["t"])
+        most = max(most, gpus) if row["t"] <= end else most
+    return held, most
+
+
+def table_row(spec: SimSpec, result: dict[str, Any], gpu_hour_usd: float) -> dict[str, Any]:
+    """The A/B table's figures: the run's own summary, plus GPUs and what the output cost."""
+    seconds, most = gpu_seconds(spec, result)
+    output_tokens = result["output_tok_s"] * result["simulated_s"]
+    cost = seconds / 3600 * gpu_hour_usd
+    return {
+        "output_tok_s": result["output_tok_s"],
+        "ttft_p50_s": result["ttft_p50_s"], "ttft_p99_s": result["ttft_p99_s"],
+        "tpot_p50_s": result["tpot_p50_s"], "tpot_p99_s": result["tpot_p99_s"],
+        "itl_p99_s": result["itl_p99_s"],
+        "goodput_req_s": result["goodput_req_s"],
+        "goodput_share": result["goodput_req_s"] / result["request_s"] if result["request_s"] else 0.0,
+        "gpus_used": most, "gpu_hours": seconds / 3600,
+        "cost_usd": cost,
+        "cost_per_mtok_usd": cost / output_tokens * 1e6 if output_tokens else None,
+        "completed": result["completed"], "refused": sum(result["refused"].values()),
+        "simulated_s": result["simulated_s"],
+    }  # fmt: skip
+
+
+def badge(spec: SimSpec) -> str:
+    """simulated: H100 x 8, Llama-3.1-70B (TP8, fp8, P/D 4+4)."""
+    extras = [f"TP{spec.tp}"] if spec.tp > 1 else []
+    extras += [spec.dtype] if spec.dtype != "bf16" else []
+    extras += [f"P/D {spec.prefill_gpus}+{spec.decode_gpus}"] if spec.prefill_gpus is not None else []
+    extras += ["static batches"] if not spec.paged else []
+    extras += ["autoscaled"] if spec.autoscale else []
+    model = spec.model.replace("llama", "Llama").replace("smollm2", "SmolLM2").replace("b", "B")
+    text = f"simulated: {spec.device.upper()} x {spec.gpus}, {model}"
+    return text + (f" ({', '.join(extras)})" if extras else "")
+
+
+# the command that reproduces a side --------------------------------------------------------------
+
+
+def command_for(spec: SimSpec) -> str:
+    """`python -m engine.sim run ...` with every flag whose value is not the CLI's default."""
+    from engine.sim.__main__ import parser, spec_from
+
+    default = spec_from(parser().parse_args(["run", "--model", spec.model, "--device", spec.device]))
+    words = ["python", "-m", "engine.sim", "run", "--model", spec.model, "--device", spec.device]
+    by_field = {f.spec_field: f for f in (*TRAFFIC_FIELDS.values(), *SIDE_FIELDS.values())}
+    for f in fields(SimSpec):
+        name = f.name
+        if name in ("model", "device", "timeline", "timeline_s") or name not in by_field:
+            continue
+        value, was = getattr(spec, name), getattr(default, name)
+        if value == was and not (name == "kv_dtype" and spec.dtype != default.dtype):
+            continue
+        text = (
+            str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+        )
+        words += [by_field[name].flag, text]
+    return shlex.join([*words, "--json"])
+
+
+def spec_from_command(command: str) -> SimSpec:
+    """The SimSpec a `python -m engine.sim run ...` command runs (the CLI's own parsing)."""
+    from engine.sim.__main__ import parser, spec_from
+
+    words = shlex.split(command)
+    if words[:4] != ["python", "-m", "engine.sim", "run"]:
+        raise ValueError(f"not a `python -m engine.sim run` command: {command!r}")
+    return spec_from(parser().parse_args(words[3:]))
+
+
+def as_cli_spec(spec: SimSpec) -> SimSpec:
+    """The spec as the CLI runs it: without the timeline the A/B records for its charts."""
+    return replace(spec, timeline=False, timeline_s=SimSpec.timeline_s)
+
+
+__all__ = [
+    "DEFAULT_SIDE",
+    "DEFAULT_TRAFFIC",
+    "SIDE_FIELDS",
+    "TRAFFIC_FIELDS",
+    "Experiment",
+    "Field",
+    "Side",
+    "as_cli_spec",
+    "blame",
+    "check_side",
+    "command_for",
+    "parse_experiment",
+    "run_experiment",
+    "spec_from_command",
+    "table_row",
+    "workload_digest",
+]  # fmt: skip
