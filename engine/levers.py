@@ -2,7 +2,12 @@
 and the lessons. Keys are fixed by DESIGN.md; a page's input `name` is the key.
 
 `apply` says how a change reaches the live engine: "load" (the load generator), "in_place"
-(the running fleet takes it), "rebuild" (replicas restart), "sim" (the what-if fleet only)."""
+(the running fleet takes it), "rebuild" (replicas restart), "sim" (the what-if fleet only),
+"mode" (which executor the lab runs: the live engine or the simulated fleet).
+
+Ranges are what the simulated fleet can reach (thousands of req/s, 32k prompts, 512 GPUs); the
+live engine's narrower limits on this machine are engine/serving/lab.py check_live's, and a
+simulated configuration's are engine/sim/lab_check.py check_sim's (the simulator's own reasons)."""
 
 from __future__ import annotations
 
@@ -10,8 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidParamError
+from engine.sim.devices import DEVICE_NAMES
+from engine.sim.models import MODEL_NAMES as MODELS  # the simulator's names; the first runs live
 
-MODELS = ("SmolLM2-135M", "Llama-8B", "Llama-70B", "Llama-405B")  # the first runs live
+EXECUTORS = ("live", "sim")
+SIM_SPEEDS = (1, 10, 60)  # simulated seconds per wall second
 
 
 @dataclass(frozen=True)
@@ -53,28 +61,35 @@ class Lever:
 LEVERS: dict[str, Lever] = {
     lever.key: lever
     for lever in (
-        Lever("request_rate", float, 1.0, "Request rate", "req/s", 0, 200, apply="load"),
-        Lever("prompt_tokens", int, 200, "Prompt length (mean)", "tokens", 1, 4000, apply="load"),
-        Lever("output_tokens", int, 64, "Output length (mean)", "tokens", 1, 2000, apply="load"),
+        Lever("executor", str, "live", "Executor", choices=EXECUTORS, apply="mode"),
+        Lever("device", str, "h100", "Simulated GPU", choices=DEVICE_NAMES, apply="sim"),
+        Lever("sim_speed", int, 1, "Simulation speed", "x", choices=SIM_SPEEDS, apply="sim"),
+        Lever("request_rate", float, 1.0, "Request rate", "req/s", 0, 5000, apply="load"),
+        Lever("prompt_tokens", int, 200, "Prompt length (mean)", "tokens", 1, 32768, apply="load"),
+        Lever("output_tokens", int, 64, "Output length (mean)", "tokens", 1, 32768, apply="load"),
         Lever("burstiness", float, 1.0, "Burstiness (1 = Poisson)", "", 0.1, 10, apply="load"),
-        Lever("model", str, "SmolLM2-135M", "Model", choices=MODELS, apply="rebuild"),
-        Lever("gpu_count", int, 1, "Devices", "", 1, 64),  # the device budget the autoscaler scales within
+        Lever("model", str, MODELS[0], "Model", choices=MODELS, apply="rebuild"),
+        Lever("gpu_count", int, 1, "Devices", "", 1, 512),  # the device budget the autoscaler scales within
         Lever("ttft_target_ms", int, 1000, "TTFT target (p99)", "ms", 10, 60000),
         Lever("paged", bool, True, "Paged KV + continuous batching", apply="rebuild"),
         Lever("tensor_parallel", int, 1, "Tensor-parallel degree", "", choices=(1, 2, 4, 8), apply="rebuild"),
+        Lever("weight_dtype", str, "bf16", "Weight dtype", choices=("bf16", "fp8", "fp4"), apply="sim"),
+        Lever("kv_dtype", str, "bf16", "KV cache dtype", choices=("bf16", "fp8"), apply="sim"),
+        Lever("prefill_gpus", int, 0, "Prefill pool (0 = colocated)", "GPUs", 0, 512, apply="sim"),
+        Lever("decode_gpus", int, 0, "Decode pool (0 = colocated)", "GPUs", 0, 512, apply="sim"),
         Lever("block_size", int, 16, "KV block size", "tokens", choices=(8, 16, 32, 64), apply="rebuild"),
-        Lever("max_num_seqs", int, 64, "Batch slots", "sequences", 1, 256),
-        Lever("max_batched_tokens", int, 2048, "Token budget per step", "tokens", 16, 16384),
+        Lever("max_num_seqs", int, 64, "Batch slots", "sequences", 1, 1024),
+        Lever("max_batched_tokens", int, 2048, "Token budget per step", "tokens", 16, 65536),
         Lever("chunked_prefill", bool, True, "Chunked prefill"),
         Lever("prefix_caching", bool, True, "Prefix caching"),
-        Lever("kv_budget_mb", float, 512.0, "KV budget per device", "MB", 1, 100000, apply="rebuild"),
-        Lever("queue_cap", int, 64, "Queue capacity", "requests", 1, 10000),
+        Lever("kv_budget_mb", float, 512.0, "KV budget per device (live)", "MB", 1, 100000, apply="rebuild"),
+        Lever("queue_cap", int, 64, "Queue capacity", "requests", 1, 100000),
         Lever("deadline_s", float, 30.0, "Queue deadline", "s", 0.1, 3600),
         Lever("rate_limit", float, 0.0, "Rate limit per key (0 = off)", "req/s", 0, 1000),
-        Lever("min_replicas", int, 1, "Min replicas", "", 0, 64),
-        Lever("max_replicas", int, 2, "Max replicas", "", 1, 64),
-        Lever("warm_pool", int, 0, "Warm pool", "replicas", 0, 16),
-        Lever("provision_delay_s", float, 5.0, "Provisioning delay", "s", 0, 600),
+        Lever("min_replicas", int, 1, "Min replicas", "", 0, 512),
+        Lever("max_replicas", int, 2, "Max replicas", "", 1, 512),
+        Lever("warm_pool", int, 0, "Warm pool", "replicas", 0, 64),
+        Lever("provision_delay_s", float, 5.0, "Provisioning delay", "s", 0, 3600),
         # The user's own price: what a GPU-hour costs them; the what-if's cost per million tokens.
         Lever("gpu_hour_usd", float, 2.0, "Your GPU price", "$/GPU-hour", 0, 1000, apply="sim"),
     )

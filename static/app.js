@@ -3,6 +3,7 @@
 (function () {
   "use strict";
   const WINDOW_POINTS = 360; // about a minute of snapshots
+  const LEVER_INPUTS = "#lever-form [name], #mode-form [name]";
   const $ = (sel, root) => (root || document).querySelector(sel);
   const $$ = (sel, root) => Array.from((root || document).querySelectorAll(sel));
 
@@ -52,8 +53,25 @@
     }, { displayModeBar: false, responsive: true });
     return { el: el, spec: spec };
   });
-  let t0 = null;
+  // One run is one fleet (the live engine, or one simulated fleet from simulated time 0): a new
+  // run clears the charts, so simulated seconds never mix with the live engine's.
+  let t0 = null, run = null;
+  function resetCharts(simulated) {
+    for (const c of charts) {
+      Plotly.restyle(c.el, { x: c.spec.map(() => []), y: c.spec.map(() => []) });
+      // The axis title needs room below the ticks: the legend moves down under it.
+      Plotly.relayout(c.el, simulated
+        ? { "xaxis.title.text": "simulated time", "xaxis.title.font.size": 10, "xaxis.title.standoff": 2, "margin.b": 44, "legend.y": -0.5 }
+        : { "xaxis.title.text": "", "margin.b": 28, "legend.y": -0.25 });
+    }
+  }
   function plot(snap) {
+    if (snap.run !== run) {
+      if (run !== null) resetCharts(snap.executor === "sim");
+      else if (snap.executor === "sim") resetCharts(true);
+      run = snap.run;
+      t0 = null;
+    }
     if (t0 === null) t0 = snap.time;
     const t = +(snap.time - t0).toFixed(2);
     for (const c of charts) {
@@ -74,10 +92,20 @@
     window.servelab.lab = lab;
     const env = lab.envelope;
     for (const dd of $$("[data-env]")) dd.textContent = env ? ENV[dd.dataset.env](env[dd.dataset.env]) : "waiting for a replica…";
-    for (const input of $$("#lever-form [name]")) {
+    for (const input of $$(LEVER_INPUTS)) {
       if (document.activeElement === input || input.dataset.pending) continue;
       setInput(input, lab.levers[input.name]);
     }
+    const simulated = lab.executor === "sim";
+    document.body.classList.toggle("simulated", simulated);
+    for (const b of $$(".mode-badge")) { b.hidden = !simulated; b.textContent = lab.badge || ""; }
+    const share = $("#share-link");
+    if (share) {
+      const defaults = JSON.parse(share.dataset.defaults), query = new URLSearchParams();
+      for (const [key, value] of Object.entries(lab.levers)) if (key in defaults && defaults[key] !== value) query.set(key, value);
+      share.href = location.pathname + (query.toString() ? "?" + query : "");
+    }
+    if ($("#levers-note")) $("#levers-note").textContent = simulated ? "change the simulated fleet" : "change the live engine";
     const t = lab.traffic;
     if ($("#traffic-state")) {
       $("#traffic-state").textContent = t.running ? "on" : "off";
@@ -87,12 +115,35 @@
       $("#traffic-refused").textContent = t.refused;
     }
     $("#status-text").textContent = lab.status;
+    const what = $("#engine-badge .muted");
+    if (what) what.textContent = "· " + lab.model + " · " + lab.device + " · " + lab.dtype;
     $("#status-dot").className = "dot " + lab.status;
     if ($("#live-status")) {
       $("#live-status").textContent = lab.status;
       $("#live-replicas").textContent = lab.levers.gpu_count / lab.levers.tensor_parallel;
       $("#live-kv").textContent = lab.levers.kv_budget_mb + " MB per device";
     }
+  }
+  function showShape(shape) {
+    if (!shape || !$("#shape-stage")) return;
+    $("#shape-stage").textContent = shape.stage + ". " + shape.title;
+    $("#shape-stage").dataset.stage = shape.stage;
+    const path = $("#shape-path");
+    path.innerHTML = "";
+    for (const p of shape.path) {
+      const li = document.createElement("li");
+      li.className = "stage " + p.state;
+      li.textContent = p.title;
+      path.appendChild(li);
+    }
+    const reasons = $("#shape-reasons");
+    reasons.innerHTML = "";
+    for (const r of shape.reasons) {
+      const li = document.createElement("li");
+      li.textContent = r;
+      reasons.appendChild(li);
+    }
+    for (const dt of $$("#tradeoffs dt")) dt.classList.toggle("current", Number(dt.dataset.stage) <= shape.stage);
   }
   function showBottlenecks(list) {
     const ul = $("#bottleneck-list");
@@ -122,9 +173,12 @@
     }
     if (msg.role === "viewer") {
       document.body.classList.add("viewer");
-      for (const el of $$("#lever-form [name], #traffic button, [data-scenario], [data-evolution], #apply-preset")) el.disabled = true;
+      for (const el of $$(LEVER_INPUTS + ", #traffic button, [data-scenario], [data-evolution], #apply-preset")) el.disabled = true;
       const status = $("#lever-status");
       if (status) status.textContent = "The instructor holds the levers; you are watching the same engine.";
+    } else if (!linkApplied) {
+      linkApplied = true;
+      applyLink();
     }
   });
   socket.on("metrics", (snap) => {
@@ -132,6 +186,7 @@
     if (charts.length) plot(snap);
     showLab(snap.lab);
     showBottlenecks(snap.bottlenecks);
+    showShape(snap.shape);
     if ($("#live-running")) {
       $("#live-running").textContent = snap.running;
       $("#live-queue").textContent = snap.queue_depth;
@@ -149,7 +204,8 @@
     li.className = "ev ev-" + e.kind;
     li.dataset.kind = e.kind;
     li.hidden = e.kind !== "summary" && !shown().has(e.kind);
-    const when = new Date(e.time * 1000).toLocaleTimeString();
+    // A simulated fleet's events are stamped in simulated seconds.
+    const when = e.sim ? "t=" + Number(e.time).toFixed(1) + " s" : new Date(e.time * 1000).toLocaleTimeString();
     li.innerHTML = "<time></time> <em></em> <span></span>";
     li.querySelector("time").textContent = when;
     li.querySelector("em").textContent = e.kind;
@@ -165,6 +221,35 @@
   }
 
   // ---- levers -----------------------------------------------------------------------------------
+  // A lever's refusal goes next to the lever it names (a link or a card sets several at once).
+  function showLeverError(ack, fallback) {
+    for (const el of $$(".lever.invalid")) { el.classList.remove("invalid"); $(".lever-error", el).textContent = ""; }
+    if (ack.ok) return;
+    const named = ack.error.param && $('.lever[data-key="' + ack.error.param + '"]');
+    const label = named || fallback;
+    if (!label) return;
+    label.classList.add("invalid");
+    $(".lever-error", label).textContent = ack.error.message;
+  }
+  // A shared link: /lab?executor=sim&model=llama-3.1-70b&gpu_count=8 sets those levers on load.
+  let linkApplied = false;
+  function applyLink() {
+    const levers = {};
+    for (const [key, raw] of params) {
+      if (key === "token") continue;
+      const input = $('[name="' + key + '"]');
+      const kind = input ? input.dataset.kind : null;
+      levers[key] = kind === "bool" ? ["1", "true", "on", "yes"].includes(raw.toLowerCase())
+        : kind === "str" || isNaN(Number(raw)) || raw.trim() === "" ? raw : Number(raw);
+    }
+    if (!Object.keys(levers).length) return;
+    socket.emit("set_levers", levers, (ack) => {
+      showLeverError(ack, null);
+      if (ack.ok) showLab(Object.assign({}, window.servelab.lab, { levers: ack.levers }));
+      showResult(ack);
+      window.servelab.linkResult = ack;
+    });
+  }
   function setInput(input, value) {
     if (input.type === "checkbox") input.checked = !!value;
     else input.value = value;
@@ -182,15 +267,13 @@
     el.classList.toggle("error", !ack.ok);
     el.textContent = ack.ok ? (ack.rebuild ? "Rebuilding replicas with the new settings…" : "Applied.") : ack.error.message;
   }
-  for (const input of $$("#lever-form [name]")) {
+  for (const input of $$(LEVER_INPUTS)) {
     input.addEventListener("change", () => {
       const label = input.closest(".lever");
-      const err = $(".lever-error", label);
       input.dataset.pending = "1";
       socket.emit("set_levers", { [input.name]: readInput(input) }, (ack) => {
         delete input.dataset.pending;
-        label.classList.toggle("invalid", !ack.ok);
-        err.textContent = ack.ok ? "" : ack.error.message;
+        showLeverError(ack, label);
         if (!ack.ok && window.servelab.lab) setInput(input, window.servelab.lab.levers[input.name]);
         else if (ack.ok) showLab(Object.assign({}, window.servelab.lab, { levers: ack.levers }));
         showResult(ack);

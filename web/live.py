@@ -1,8 +1,10 @@
 """The live stream: Socket.IO namespace `/live`.
 
 Server -> browser: `metrics` (a snapshot SNAPSHOT_HZ times a second, with the lab's status,
-bottleneck readings and levers), `event` (one per discrete event), `hello` (on connect: the
-live state and this browser's role). Browser -> server: `set_levers`, `flood`, `scenario`,
+bottleneck readings, recommended shape and levers), `event` (one per discrete event), `hello`
+(on connect: the live state and this browser's role). Both come from the executor the lab runs:
+in simulated mode the simulated fleet's, times in simulated seconds, each marked (`executor`,
+`badge`; an event's `sim`). Browser -> server: `set_levers`, `flood`, `scenario`,
 each answered through the acknowledgement callback with {ok, ...} or {ok: false, error}.
 
 When SERVELAB_INSTRUCTOR_TOKEN is set, only a connection that presents it (auth.token) may
@@ -39,13 +41,14 @@ class LiveChannel:
         self.token = token or None
         self.roles: dict[str, str] = {}
         self._cursor = 0
+        self._log = lab.events  # which executor's event log the cursor is in
         self._tick_lock = threading.Lock()
         socketio.on_event("connect", self.on_connect, namespace=NAMESPACE)
         socketio.on_event("disconnect", self.on_disconnect, namespace=NAMESPACE)
         socketio.on_event("set_levers", self.on_set_levers, namespace=NAMESPACE)
         socketio.on_event("flood", self.on_flood, namespace=NAMESPACE)
         socketio.on_event("scenario", self.on_scenario, namespace=NAMESPACE)
-        lab.fleet.subscribe(self.publish)
+        lab.subscribe(self.publish)  # the live fleet's snapshots, or the simulated fleet's
 
     # server -> browsers --------------------------------------------------------------------------
 
@@ -54,17 +57,23 @@ class LiveChannel:
         if not self._tick_lock.acquire(blocking=False):
             return  # the previous tick is still sending: skip rather than pile up
         try:
-            self.socketio.emit("metrics", self.lab.snapshot(snap), namespace=NAMESPACE)
-            events, self._cursor = self.lab.events.since(self._cursor, limit=10_000)
+            view = self.lab.snapshot(snap)
+            self.socketio.emit("metrics", view, namespace=NAMESPACE)
+            log = self.lab.events
+            if log is not self._log:  # the executor switched: a simulated fleet's log is read whole
+                self._log, self._cursor = log, 0 if view["executor"] == "sim" else log.next_seq
+            events, self._cursor = log.since(self._cursor, limit=10_000)
+            simulated = view["executor"] == "sim"
             for event in events[:EVENTS_PER_TICK]:
-                self.socketio.emit("event", event, namespace=NAMESPACE)
+                self.socketio.emit("event", event | {"sim": simulated}, namespace=NAMESPACE)
             if len(events) > EVENTS_PER_TICK:
                 kinds: dict[str, int] = {}
                 for event in events[EVENTS_PER_TICK:]:
                     kinds[event["kind"]] = kinds.get(event["kind"], 0) + 1
                 summary = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
                 self.socketio.emit(
-                    "event", {"kind": "summary", "time": snap["time"], "message": f"and {summary}"}, namespace=NAMESPACE
+                    "event", {"kind": "summary", "time": snap["time"], "message": f"and {summary}", "sim": simulated},
+                    namespace=NAMESPACE,
                 )
         finally:
             self._tick_lock.release()
@@ -110,8 +119,11 @@ class LiveChannel:
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cards):
             raise ServingError(400, f"index must be 0 to {len(cards) - 1}", "index")
         card = cards[index]
-        result = self.lab.set_levers(card["levers"], source=f"scenario '{card['title']}'")
-        return result | {"title": card["title"], "watch": card.get("watch") or card.get("expect")}
+        # Simulated, a card runs its experiment at scale where it has one (web/evolution.py).
+        at_scale = self.lab.executor == "sim" and bool(card.get("sim_levers"))
+        result = self.lab.set_levers(card["sim_levers" if at_scale else "levers"], source=f"scenario '{card['title']}'")
+        watch = card.get("sim_watch") if at_scale else None
+        return result | {"title": card["title"], "watch": watch or card.get("watch") or card.get("expect")}
 
     def _guarded(self, action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:

@@ -10,6 +10,7 @@ from flask import Blueprint, Response, abort, current_app, render_template, send
 from engine.errors import ServingError
 from engine.levers import LEVERS
 from engine.serving.lab import LiveLab
+from engine.serving.shape import TRADEOFFS
 from web.diagram import diagram
 from web.evolution import EVOLUTION
 from web.lessons import CHARTS, LessonLibrary
@@ -20,7 +21,8 @@ VENDOR = {
     "socket.io.min.js": ROOT / "node_modules/socket.io-client/dist/socket.io.min.js",
     "plotly.min.js": ROOT / "node_modules/plotly.js-dist-min/plotly.min.js",
 }
-APPLY_TAGS = {"load": "traffic", "in_place": "in place", "rebuild": "rebuilds replicas", "sim": "what-if"}
+APPLY_TAGS = {"load": "traffic", "in_place": "in place", "rebuild": "rebuilds replicas", "sim": "what-if", "mode": "executor"}
+MODE_KEYS = ("executor", "device", "sim_speed")  # the mode bar's, on every page with levers
 
 pages = Blueprint("pages", __name__)
 
@@ -81,4 +83,8 @@ def vendor(name: str) -> Response:
 
 
 def _shared() -> dict:
-    return {"chart_titles": CHARTS, "apply_tags": APPLY_TAGS}
+    return {
+        "chart_titles": CHARTS, "apply_tags": APPLY_TAGS, "mode_keys": MODE_KEYS,
+        "mode_levers": [LEVERS[key] for key in MODE_KEYS], "tradeoffs": TRADEOFFS,
+        "lever_defaults": {key: lever.default for key, lever in LEVERS.items()},
+    }

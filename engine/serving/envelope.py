@@ -68,8 +68,12 @@ def bottlenecks(levers: dict[str, Any], facts: dict[str, Any], snap: dict[str, A
     if ranks and facts.get("kv_budget_bytes"):
         per_device = max(ranks)
         share = per_device / (per_device + facts["kv_budget_bytes"])
-        split = " / ".join(f"{b / MB:.0f}" for b in ranks)
-        text = f"{split} MB of weights per device ({share:.0%} of its weights + KV memory)"
+        if per_device >= 1e9 and len(set(ranks)) == 1:  # a simulated GPU's shard: every rank holds the same
+            on_each = f", on each of {len(ranks)}" if len(ranks) > 1 else ""
+            text = f"{per_device / 1e9:.1f} GB of weights per device{on_each} ({share:.0%} of its weights + KV memory)"
+        else:
+            split = " / ".join(f"{b / MB:.0f}" for b in ranks)
+            text = f"{split} MB of weights per device ({share:.0%} of its weights + KV memory)"
     out.append(_reading("weights", "Per-device weight footprint", share, 0.5, 0.8, text))
 
     batch = snap.get("batch_size") or 0

@@ -37,6 +37,12 @@ class EventLog:
             self._events.append({"seq": self._next, "time": self.clock.now(), "kind": kind, "message": message, **data})
             self._next += 1
 
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event will get: a reader starting here sees only what comes after."""
+        with self._lock:
+            return self._next
+
     def since(self, cursor: int, limit: int = 200) -> tuple[list[dict[str, Any]], int]:
         """Events with seq >= cursor (at most limit, the newest kept) and the next cursor."""
         with self._lock:

@@ -73,11 +73,13 @@ class Fleet:
         clock: Clock = WALL_CLOCK,
         driver: Driver | None = None,
         model: tuple[str, int] | None = None,
+        events: EventLog | None = None,
     ) -> None:
         """replica_factory(replica_id, config, cores=, on_message=) makes each replica; None: a
         ReplicaHandle (a live replica process). clock: what the fleet, its router, bus and event
         log read time from. driver: what runs its steps; None: a WallClockDriver of its own.
-        model: (name, context length) of a simulated model: no file is read, no tokenizer."""
+        model: (name, context length) of a simulated model: no file is read, no tokenizer.
+        events: an event log to share (a simulated prefill/decode split's two pools); None: its own."""
         self.replica_factory: ReplicaFactory = replica_factory or ReplicaHandle
         self.clock = clock
         self._tokenizer: ChatTokenizer | None = None
@@ -90,7 +92,7 @@ class Fleet:
             self.model_name, self.context_length = model
         self.engine_config = engine_config
         self.fleet_config = fleet_config
-        self.events = EventLog(clock)
+        self.events = EventLog(clock) if events is None else events
         self.bus = MetricsBus(clock, events=self.events)
         router_config.block_size = engine_config.block_size
         router_config.max_model_len = min(engine_config.max_model_len or self.context_length, self.context_length)

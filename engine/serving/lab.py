@@ -7,13 +7,24 @@ pool; and the rest rebuild the replicas in the background (old ones drain, so no
 is cut), with the status visible.
 
 How many replicas serve: the autoscaler keeps it within [min_replicas, max_replicas], and
-gpu_count is the device budget, so at most gpu_count // tensor_parallel replicas ever run."""
+gpu_count is the device budget, so at most gpu_count // tensor_parallel replicas ever run.
+
+The lever `executor` switches the whole lab, for every browser, like any other lever: "sim"
+starts one simulated fleet (engine/sim/lab_sim.py) from the live levers plus the simulator's
+own (device, dtypes, pools, speed) and whatever the same change sets, checked by the simulator
+first (a configuration it cannot run is refused with its reason, and nothing changes); the live
+flood stops, and the live fleet stays up, idle, for the API. The stream then carries the
+simulated fleet's snapshots and events through the same contract. "live" stops the simulated
+fleet (its pacer thread ends: nothing simulated runs behind the page) and returns to the live
+levers as they were. Only one simulated fleet ever runs; a change to its deployment (model,
+device, GPUs, TP, dtypes, pools, paged, block size) replaces it, starting at simulated time 0."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from engine.config import IN_PLACE_FIELDS, EngineConfig
@@ -21,21 +32,33 @@ from engine.errors import InvalidParamError, ServingError
 from engine.levers import LEVERS, validate_levers
 from engine.serving.autoscaler import LEVERS as AUTOSCALER_LEVERS
 from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
-from engine.serving.envelope import bottlenecks, envelope
+from engine.serving.envelope import MB, bottlenecks, envelope
 from engine.serving.events import EventLog
 from engine.serving.fleet import Fleet
 from engine.serving.replica_api import SERVING
+from engine.serving.shape import shape_for
 from engine.serving.traffic import TrafficDriver
+from engine.sim.lab_check import check_sim, model_label
+from engine.sim.lab_sim import SimLab
 
 log = logging.getLogger("servelab.lab")
 
-LIVE_MODEL = "SmolLM2-135M"
+LIVE_MODEL = "smollm2-135m"
 ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
 ENGINE_IN_PLACE = tuple(key for key in LEVERS if key in IN_PLACE_FIELDS)
 REBUILD_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.apply == "rebuild")
-# Levers that are EngineConfig fields too; `model` is not: the lever names a model, the field a path.
-ENGINE_LEVERS = tuple(key for key in LEVERS if key in EngineConfig.field_names() and key != "model")
+SIM_ONLY = tuple(key for key, lever in LEVERS.items() if lever.apply == "sim")  # the live engine ignores them
+# Levers that are EngineConfig fields too; `model` and `device` are not: the levers name a
+# simulator's model and GPU, the fields a path and a torch device.
+ENGINE_LEVERS = tuple(key for key in LEVERS if key in EngineConfig.field_names() and key not in ("model", "device"))
 FLOOD_MAX_RATE = 200.0
+# What the live engine on this machine takes, where the lever's own range (the simulated fleet's)
+# reaches further: a live flood past these would only measure a machine on its knees.
+LIVE_MAX = {
+    "request_rate": FLOOD_MAX_RATE, "prompt_tokens": 4000, "output_tokens": 2000, "max_num_seqs": 256,
+    "max_batched_tokens": 16384, "queue_cap": 10000, "min_replicas": 64, "max_replicas": 64, "warm_pool": 16,
+    "provision_delay_s": 600,
+}
 
 
 def engine_fields(levers: dict[str, Any]) -> dict[str, Any]:
@@ -65,8 +88,14 @@ class LiveLab:
         self.levers = {key: lever.default for key, lever in LEVERS.items()} | (levers or {})
         self.devices = live_devices(fleet.engine_config.device)
         check_live(self.levers, self.levers, self.devices, fleet.engine_config.device)
+        self.levers["executor"] = "live"  # the lab starts live; `executor` switches it (set_levers)
+        self.sim_levers = dict(self.levers)  # the simulated fleet's, kept across switches
+        self.sim: SimLab | None = None
+        self.run = 0  # which fleet the stream shows: a new one per switch or simulated rebuild
+        self._subscribers: list[Callable[[dict[str, Any]], None]] = []
+        fleet.subscribe(self._live_snapshot)
         self.status = "starting"
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         api_key = (fleet.router.config.api_keys or [None])[0]  # flood traffic passes the key check
         self.traffic = TrafficDriver(fleet.router, lambda: self.levers, api_key=api_key or "flood")
         self.autoscaler = Autoscaler(fleet, AutoscalerConfig.from_levers(self._scaling()))
@@ -75,7 +104,31 @@ class LiveLab:
 
     @property
     def events(self) -> EventLog:
-        return self.fleet.events
+        """The event log the stream reads: the simulated fleet's while it runs."""
+        sim = self.sim
+        return self.fleet.events if sim is None else sim.events
+
+    @property
+    def executor(self) -> str:
+        return "live" if self.sim is None else "sim"
+
+    @property
+    def current_levers(self) -> dict[str, Any]:
+        return self.levers if self.sim is None else self.sim_levers
+
+    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+        """callback(snapshot) for the stream: the live fleet's, or the simulated fleet's while it runs."""
+        self._subscribers.append(callback)
+
+    def _live_snapshot(self, snap: dict[str, Any]) -> None:
+        if self.sim is None:
+            for callback in list(self._subscribers):
+                callback(snap)
+
+    def _sim_snapshot(self, sim: SimLab, snap: dict[str, Any]) -> None:
+        if self.sim is sim:  # a replaced or stopped fleet's last tick goes nowhere
+            for callback in list(self._subscribers):
+                callback(snap)
 
     # levers -------------------------------------------------------------------------------------
 
@@ -84,6 +137,16 @@ class LiveLab:
         InvalidParamError naming the lever, and nothing is applied."""
         clean = validate_levers(changes)
         with self._lock:
+            if clean.get("executor", self.executor) == "sim":
+                return self._set_sim(clean, source)
+            if self.sim is not None:  # back to the live engine: nothing simulated runs after this
+                self.sim.stop()
+                self.sim, self.run = None, self.run + 1
+                self.events.emit("config", f"{source}: executor=live (the simulated fleet stopped)", levers={"executor": "live"})
+            clean.pop("executor", None)
+            for key in SIM_ONLY:  # kept for the simulated fleet; the live engine has no use for them
+                if key in clean:
+                    self.sim_levers[key] = self.levers[key] = clean.pop(key)
             merged = self.levers | clean
             check_live(clean, merged, self.devices, self.fleet.engine_config.device)
             changed = {k: v for k, v in clean.items() if self.levers[k] != v}
@@ -109,6 +172,35 @@ class LiveLab:
             self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
         return {"changed": changed, "rebuild": bool(rebuild), "levers": dict(self.levers)}
 
+    def _set_sim(self, clean: dict[str, Any], source: str) -> dict[str, Any]:
+        """The simulated fleet: entered (from the live levers plus the simulator's own), changed in
+        place, or replaced when its deployment changes. The simulator checks first."""
+        entering = self.sim is None
+        base = (self.levers | {k: self.sim_levers[k] for k in SIM_ONLY}) if entering else self.sim_levers
+        merged = base | clean | {"executor": "sim"}
+        check_sim(merged, clean)  # InvalidParamError with the simulator's reason: nothing changes
+        changed = {k: v for k, v in clean.items() if base.get(k) != v}
+        old = self.sim
+        rebuild = entering or old.needs_rebuild(changed)  # type: ignore[union-attr]
+        if rebuild:
+            sim = SimLab(merged, lambda snap: self._sim_snapshot(sim, snap))
+            if entering:
+                self.traffic.stop()  # the live flood ends: one fleet has traffic at a time
+            if old is None or old.sending:
+                sim.start_traffic()  # a simulated fleet is there to be watched under load
+            if old is not None:
+                old.stop()
+            self.sim, self.run = sim, self.run + 1
+            sim.start()
+        else:
+            old.apply(changed)  # type: ignore[union-attr]
+        self.sim_levers = merged
+        if changed:
+            text = ", ".join(f"{k}={v}" for k, v in changed.items())
+            how = "a new simulated fleet" if rebuild else "applied in place"
+            self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
+        return {"changed": changed, "rebuild": False, "levers": dict(merged)}
+
     def _rebuild(self) -> None:
         self.status = "rebuilding"
         fewest, most = replica_bounds(self.levers)
@@ -132,6 +224,9 @@ class LiveLab:
 
     def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> dict[str, Any]:
         """start: send at request_rate; ramp: climb linearly to ramp_to over ramp_s; stop."""
+        sim = self.sim
+        if sim is not None:
+            return self._sim_flood(sim, action, ramp_to, ramp_s)
         if action == "stop":
             self.traffic.stop()
             self.events.emit("flood", "traffic stopped")
@@ -156,7 +251,28 @@ class LiveLab:
             raise InvalidParamError("action", "must be start, ramp or stop")
         return self.traffic_state()
 
+    def _sim_flood(self, sim: SimLab, action: str, ramp_to: float | None, ramp_s: float) -> dict[str, Any]:
+        """The same controls on the simulated fleet's arrivals (rates up to the lever's range)."""
+        top = float(LEVERS["request_rate"].maximum or 0)
+        if action == "stop":
+            sim.stop_traffic()
+            self.events.emit("flood", "simulated traffic stopped")
+        elif action in ("start", "ramp"):
+            if action == "ramp" and (
+                not isinstance(ramp_to, (int, float)) or isinstance(ramp_to, bool) or not 0 < ramp_to <= top
+            ):
+                raise InvalidParamError("to", f"the ramp's target rate must be in (0, {top:g}] req/s")
+            if action == "ramp" and (not isinstance(ramp_s, (int, float)) or not 0 <= ramp_s <= 3600):
+                raise InvalidParamError("over_s", "the ramp's duration must be in [0, 3600] s")
+            sim.start_traffic(float(ramp_to) if action == "ramp" else None, float(ramp_s))  # type: ignore[arg-type]
+            self.events.emit("flood", f"simulated traffic on ({action})")
+        else:
+            raise InvalidParamError("action", "must be start, ramp or stop")
+        return self.traffic_state()
+
     def traffic_state(self) -> dict[str, Any]:
+        if self.sim is not None:
+            return self.sim.traffic_state()
         return {
             "running": self.traffic.running,
             "rate": round(self.traffic.current_rate(), 2),
@@ -175,40 +291,89 @@ class LiveLab:
 
     def live_state(self) -> dict[str, Any]:
         config = self.fleet.engine_config
-        return {
+        sim = self.sim
+        state = {
             "model": self.fleet.model_name,
             "device": config.device,
             "dtype": config.dtype,
             "devices": self.devices,
             "status": self.status,
-            "levers": dict(self.levers),
+            "levers": dict(self.current_levers),
             "envelope": envelope(self.levers, self.facts()),
             "traffic": self.traffic_state(),
+            "executor": self.executor,
+            "run": self.run,
+            "badge": None,
+            "sim": None,
         }
+        if sim is not None:
+            levers = self.sim_levers
+            state |= {
+                "model": model_label(str(levers["model"])),
+                "device": f"{str(levers['device']).upper()} x {levers['gpu_count']}",
+                "dtype": f"{levers['weight_dtype']} (KV {levers['kv_dtype']})",
+                "status": "simulating",
+                "envelope": envelope(levers, sim.facts()),
+                "badge": sim.state()["badge"],
+                "sim": sim.state(),
+            }
+        # What runs behind the page, read off the process: simulation pacers alive, live flood on.
+        pacers = sum(t.name == "sim-pacer" for t in threading.enumerate())
+        state["running"] = {"sim_pacers": pacers, "live_traffic": self.traffic.running}
+        return state
 
     def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
         """A metrics snapshot plus the lab's view of it (status, levers, traffic: `lab`), for the
         live stream. The server's latencies sit beside the lab's clients' (`client_*`): the same
-        figures measured at the receiving end of the stream."""
-        return snap | self.traffic.clients.view().fields() | {
-            "bottlenecks": bottlenecks(self.levers, self.facts(), snap),
-            "ttft_target_ms": self.levers["ttft_target_ms"],
-            "autoscaler": self.autoscaler.status(),
-            "lab": self.live_state(),
+        figures measured at the receiving end of the stream. Simulated: times are simulated
+        seconds, and the snapshot says so (`executor`, `badge`, `sim_time_s`)."""
+        sim = self.sim
+        levers = self.current_levers
+        if sim is None:
+            facts = self.facts()
+            extra = self.traffic.clients.view().fields() | {"autoscaler": self.autoscaler.status()}
+            readings = bottlenecks(levers, facts, snap)
+            memory = int(self.fleet.engine_config.memory_cap_mb * MB)
+            total = int(facts.get("param_bytes", 0)) * int(levers["tensor_parallel"])
+            fits = 1 if total <= memory * int(levers["tensor_parallel"]) else None
+            device = "GPU" if self.fleet.engine_config.device.startswith("cuda") else "CPU core"
+        else:
+            facts = sim.facts()
+            extra = {"autoscaler": None if sim.autoscaler is None else sim.autoscaler.status(), "sim_time_s": snap["time"]}
+            readings = bottlenecks(levers, facts, snap)
+            memory, total, fits = int(facts["device_memory_gb"] * 1e9), facts["weight_bytes_total"], sim.min_tp
+            device = str(levers["device"]).upper()
+        shape = shape_for(levers, facts, snap, readings, device, memory, total, fits, simulated=sim is not None)
+        lab = self.live_state()
+        return snap | extra | {
+            "bottlenecks": readings,
+            "ttft_target_ms": levers["ttft_target_ms"],
+            "executor": lab["executor"],
+            "badge": lab["badge"],
+            "run": lab["run"],
+            "shape": shape.view(),
+            "lab": lab,
         }
 
     def stop(self) -> None:
         self.traffic.stop()
         self.autoscaler.stop()
+        if self.sim is not None:
+            self.sim.stop()
 
 
 def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, device: str = "cpu") -> None:
     """What this machine can run live, beyond each lever's own range: InvalidParamError otherwise."""
+    for key, most in LIVE_MAX.items():
+        if key in clean and clean[key] > most:
+            raise InvalidParamError(
+                key, f"the live engine on this machine takes at most {most:g}; the simulated executor goes further"
+            )
     if "model" in clean and clean["model"] != LIVE_MODEL:
         raise InvalidParamError(
             "model",
             f"{clean['model']} cannot run live here: only {LIVE_MODEL} fits this machine, so the live "
-            f"engine stays on {LIVE_MODEL}",
+            f"engine stays on {LIVE_MODEL} (choose the simulated executor to run it)",
         )
     tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
     what = "CUDA GPUs" if device.startswith("cuda") else "CPU cores"

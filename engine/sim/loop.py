@@ -36,6 +36,10 @@ class EventLoop:
 
         self.at(self.clock.now(), tick)
 
+    def pending_before(self, when: float) -> bool:
+        """An event is scheduled at or before `when`."""
+        return bool(self._heap) and self._heap[0][0] <= when
+
     def run(self, until: float | None = None, done: Callable[[], bool] | None = None) -> None:
         """Run events in time order until none is left, the next is past `until`, or done().
 

@@ -202,6 +202,7 @@ class SimReplica:
             "running": st.running, "waiting": st.waiting, "kv_used_blocks": st.kv_used_blocks,
             "kv_total_blocks": st.kv_total_blocks, "max_num_seqs": st.max_num_seqs,
             "num_preemptions": st.num_preemptions, "batch_size": batch_size,
+            "allreduce_ms_per_step": self.runner.last_cost.allreduce_s * 1000,
         }
         deltas, self._deltas = self._deltas, []
         self.on_message(StepMessage(self.replica_id, self.loop.clock.now(), deltas, stats=stats, state=self.state))
