@@ -1,11 +1,14 @@
 """Host memory on transparent huge pages, for the CPU KV cache.
 
 A decode step reads every running sequence's KV blocks, which lie anywhere in a cache of
-hundreds of MB: with 4 KiB pages nearly every 2 KiB block costs a TLB miss (measured here: a
-batch-64 decode's attention over shuffled blocks 15% faster on 2 MiB pages). Linux gives huge
+hundreds of MB: with 4 KiB pages nearly every 2 KiB block costs a TLB miss once a long-running
+server's blocks are scattered (measured here: a batch-64 decode's attention over shuffled blocks
+15% faster on 2 MiB pages; the engine bench's blocks, nearly in order, ran the same). Linux gives huge
 pages to an anonymous private mapping that asks for them (madvise), with THP set to `madvise` or
-`always`, as on this machine; elsewhere the same mapping works on ordinary pages. The mapping is
-also lazy: pages arrive as blocks are first written, so a large budget costs nothing until used."""
+`always`, as on this machine; elsewhere the same mapping works on ordinary pages. The pages are
+touched here, once, as torch.zeros would: left to fault in as blocks are first written, each 2 MiB
+page's zeroing (and the kernel's compaction to find one) landed inside the first steps, and made
+the engine bench's first prefill 1 s slower."""
 
 from __future__ import annotations
 
@@ -28,4 +31,4 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
         region.madvise(mmap.MADV_HUGEPAGE)
     raw = torch.frombuffer(region, dtype=torch.uint8)  # holds a reference to region
     skip = -raw.data_ptr() % HUGE_PAGE
-    return raw[skip : skip + nbytes].view(dtype).view(shape)
+    return raw[skip : skip + nbytes].zero_().view(dtype).view(shape)
