@@ -1,5 +1,7 @@
 """Where a step's time goes: torch-profiler tables for one prefill-heavy step and for batch-64
-decode steps of the benchmark workload. `make profile` (tcmalloc preloaded, as in `make bench`)."""
+decode steps of the benchmark workload, in the recommended configuration `make bench` runs
+(compiled forward; `--eager` for the op-by-op view). `make profile` (tcmalloc preloaded, as in
+`make bench`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from engine import LLM, SamplingParams
 
 
 def main() -> int:
-    llm = LLM(dtype="bfloat16", max_num_seqs=64)
+    llm = LLM(dtype="bfloat16", max_num_seqs=64, compile="--eager" not in sys.argv)
     engine = llm.engine
     llm.generate(make_workload(8, 8, seed=1), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     params = SamplingParams(temperature=0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)

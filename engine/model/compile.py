@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ def compile_model(model: Llama, kv_caches: list[tuple[torch.Tensor, torch.Tensor
         log.info("compile: skipped (needs the C++ CPU op and one rank)")
         return None
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(CACHE_DIR))
+    _forget_earlier_model(model)
     compiled = torch.compile(
         model.forward_varlen,
         dynamic=True,
@@ -46,6 +48,22 @@ def compile_model(model: Llama, kv_caches: list[tuple[torch.Tensor, torch.Tensor
     took = time.perf_counter() - start
     log.info("compile: forward ready in %.1f s (cache %s)", took, os.environ["TORCHINDUCTOR_CACHE_DIR"])
     return took
+
+
+_compiled_model: weakref.ref[Llama] | None = None
+
+
+def _forget_earlier_model(model: Llama) -> None:
+    """Dynamo keeps one compiled graph per code object, and with the guards dropped it would serve
+    an earlier model's graph to this one (another dtype, weights not prepacked: a wrong graph).
+    So a process compiles one model at a time: an earlier one still alive runs eager again, and
+    the cache is cleared. Replicas are processes of their own; this is for tests and LLM()s."""
+    global _compiled_model
+    earlier = _compiled_model() if _compiled_model is not None else None
+    if earlier is not None and earlier is not model:
+        earlier.compiled_forward = None
+    torch._dynamo.reset()
+    _compiled_model = weakref.ref(model)
 
 
 def _dummy_step(model: Llama) -> tuple[torch.Tensor, ...]:

@@ -1,0 +1,68 @@
+"""The C++ attention op alone on a batch-64 decode over 30 layers' caches, shaped like the engine
+bench's (SmolLM2: 9 query heads, 3 KV heads, head_dim 64, bf16, blocks of 16, contexts 114-463):
+`python -m bench.attention_op_bench [--shuffled] [--huge-pages]`. --shuffled scatters each
+sequence's blocks over the cache (a long-running server's), --huge-pages puts the caches on
+transparent huge pages (engine/huge_pages.py), as the engine does. Prints the median of 15 steps."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from engine.huge_pages import zeros_on_huge_pages
+from engine.kernels import cpu_attention
+
+BATCH, KV_HEADS, HEADS, HEAD_DIM, BLOCK, LAYERS = 64, 3, 9, 64, 16, 30
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shuffled", action="store_true")
+    ap.add_argument("--huge-pages", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if not cpu_attention.available():
+        print("the C++ op is not built: make kernels")
+        return 1
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(0)
+    lens = torch.randint(50, 400, (BATCH,), generator=g) + 64
+    blocks = [(n + BLOCK - 1) // BLOCK for n in lens.tolist()]
+    num_blocks = sum(blocks) + 10
+    order = torch.randperm(num_blocks, generator=g) if args.shuffled else torch.arange(num_blocks)
+    tables = torch.zeros(BATCH, max(blocks), dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(blocks):
+        tables[b, :n] = order[start : start + n].int()
+        start += n
+    shape = (KV_HEADS, num_blocks, BLOCK, HEAD_DIM)  # heads outermost, as engine/runner.py keeps them
+
+    def cache() -> torch.Tensor:
+        t = zeros_on_huge_pages(shape, torch.bfloat16) if args.huge_pages else torch.empty(shape, dtype=torch.bfloat16)
+        return t.copy_(torch.randn(shape, generator=g)).permute(1, 2, 0, 3)
+
+    caches = [(cache(), cache()) for _ in range(LAYERS)]
+    q = torch.randn(BATCH, HEADS, HEAD_DIM, generator=g).bfloat16()
+    seq_lens, starts = lens.int(), torch.arange(BATCH + 1, dtype=torch.int32)
+
+    def step() -> float:
+        t = time.perf_counter()
+        for kc, vc in caches:
+            cpu_attention.paged_attention(q, kc, vc, tables, seq_lens, starts, HEAD_DIM**-0.5)
+        return time.perf_counter() - t
+
+    for _ in range(3):
+        step()
+    median = statistics.median(step() for _ in range(15))
+    layout = ("shuffled" if args.shuffled else "in order") + (", huge pages" if args.huge_pages else "")
+    print(f"batch-64 decode attention, {LAYERS} layers, mean context {lens.float().mean():.0f}, blocks {layout}: "
+          f"{median * 1e3:.2f} ms")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
