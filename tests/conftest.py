@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 REFERENCE = Path(__file__).parent / "reference" / "hf_greedy.json"
+CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +21,15 @@ def llm_fp32() -> Any:
     from engine import LLM
 
     return LLM(dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    """Debian's chromium under Playwright, one per browser-test module (each file skips itself
+    when /usr/bin/chromium is missing)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"])
+        yield browser
+        browser.close()

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from tests.server_process import ServerProcess
 from web.lessons import CHARTS
@@ -27,14 +27,6 @@ def server() -> Iterator[ServerProcess]:
     )
     yield proc
     proc.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"])
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
