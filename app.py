@@ -17,6 +17,7 @@ from flask_socketio import SocketIO
 
 from engine.config import EngineConfig
 from engine.levers import LEVERS, parse_bool, validate_levers
+from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
 from engine.serving.lab import LiveLab, engine_fields, replica_bounds
 from engine.serving.router import RouterConfig
@@ -43,7 +44,7 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
     fleet_config = FleetConfig(
         replica_bounds(values)[0], drain_timeout_s, values["warm_pool"], values["provision_delay_s"]
     )
-    fleet = Fleet(engine_config, router_config, fleet_config)
+    fleet = Fleet(engine_config, router_config, fleet_config, defences=Defences.from_levers(values))
     return LiveLab(fleet, values)
 
 

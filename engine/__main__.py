@@ -13,7 +13,8 @@ import sys
 import typing
 
 from engine.config import EngineConfig
-from engine.levers import parse_bool
+from engine.levers import LEVERS, parse_bool
+from engine.serving.defences import Defences
 
 
 def add_lever_flags(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +27,15 @@ def add_lever_flags(parser: argparse.ArgumentParser) -> None:
         else:
             base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
             parser.add_argument(flag, type=base, default=f.default)
+
+
+def add_defence_flags(parser: argparse.ArgumentParser) -> None:
+    """The serving layer's defences (engine/serving/defences.py): `--queue-bound false`, ..."""
+    for key in Defences.names():
+        parser.add_argument(
+            "--" + key.replace("_", "-"), type=parse_bool, default=LEVERS[key].default, metavar="true|false",
+            help=LEVERS[key].label,
+        )
 
 
 def _levers(args: argparse.Namespace) -> dict:
@@ -45,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--drain-timeout-s", type=float, default=30.0)
     serve.add_argument("--sse-ping-s", type=float, default=10.0, help="interval of `: ping` on waiting streams")
     add_lever_flags(serve)
+    add_defence_flags(serve)
     gen = sub.add_parser("generate", help="stream a completion for one prompt")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")

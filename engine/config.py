@@ -15,7 +15,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # every running sequence fit, so nothing is ever preempted, at the cost of a smaller batch.
 ADMISSION_POLICIES = ("greedy", "reserve")
 # What a running engine takes without a rebuild (LLMEngine.reconfigure): the scheduler reads them.
-IN_PLACE_FIELDS = frozenset({"max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "starvation_s"})
+IN_PLACE_FIELDS = frozenset({"max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "starvation_s", "aging"})
 
 
 @dataclass
@@ -35,6 +35,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's context length
     # Fairness: a waiter older than this gets one reserved admission slot per step.
     starvation_s: float = 5.0
+    aging: bool = True  # the defence lever: off, no waiter is ever favoured for its age
     admission: str = "greedy"  # ADMISSION_POLICIES
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     # Ranks (processes) one replica's model is split across (engine/distributed.py); at most the
@@ -42,6 +43,11 @@ class EngineConfig:
     tensor_parallel: int = 1
     # The forward through torch.compile (engine/model/compile.py): CPU, the C++ op, one rank.
     compile: bool = False
+    # A tensor-parallel group's collectives time out (the group fails loudly and is replaced);
+    # off, a stopped rank leaves the others waiting inside a collective forever.
+    collective_timeout: bool = True
+    # Kernels whose reduction order does not depend on the batch (a cost, not a defence).
+    batch_invariant: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:

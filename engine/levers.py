@@ -5,6 +5,11 @@ and the lessons. Keys are fixed by DESIGN.md; a page's input `name` is the key.
 (the running fleet takes it), "rebuild" (replicas restart), "sim" (the what-if fleet only),
 "mode" (which executor the lab runs: the live engine or the simulated fleet).
 
+`group` sorts the pages' forms: "" the ordinary levers; "defence" a guard the guide names, on by
+default, whose "off" reproduces the production failure it prevents (engine/serving/defences.py,
+and the /failures gallery); "client" how the lab's own clients and the proxy in front of the
+server behave (patience, retries, idle timeout).
+
 Ranges are what the simulated fleet can reach (thousands of req/s, 32k prompts, 512 GPUs); the
 live engine's narrower limits on this machine are engine/serving/lab.py check_live's, and a
 simulated configuration's are engine/sim/lab_check.py check_sim's (the simulator's own reasons)."""
@@ -33,6 +38,7 @@ class Lever:
     maximum: float | None = None
     choices: tuple[Any, ...] = ()
     apply: str = "in_place"
+    group: str = ""
 
     def validate(self, value: Any) -> Any:
         """The value in this lever's type, or InvalidParamError naming the lever."""
@@ -80,7 +86,7 @@ LEVERS: dict[str, Lever] = {
         Lever("block_size", int, 16, "KV block size", "tokens", choices=(8, 16, 32, 64), apply="rebuild"),
         Lever("max_num_seqs", int, 64, "Batch slots", "sequences", 1, 1024),
         Lever("max_batched_tokens", int, 2048, "Token budget per step", "tokens", 16, 65536),
-        Lever("chunked_prefill", bool, True, "Chunked prefill"),
+        Lever("chunked_prefill", bool, True, "Chunked prefill", group="defence"),
         Lever("prefix_caching", bool, True, "Prefix caching"),
         Lever("kv_budget_mb", float, 512.0, "KV budget per device (live)", "MB", 1, 100000, apply="rebuild"),
         Lever("queue_cap", int, 64, "Queue capacity", "requests", 1, 100000),
@@ -92,8 +98,32 @@ LEVERS: dict[str, Lever] = {
         Lever("provision_delay_s", float, 5.0, "Provisioning delay", "s", 0, 3600),
         # The user's own price: what a GPU-hour costs them; the what-if's cost per million tokens.
         Lever("gpu_hour_usd", float, 2.0, "Your GPU price", "$/GPU-hour", 0, 1000, apply="sim"),
+        # Defences (DESIGN.md): default on; off reproduces the failure the guide names.
+        Lever("stream_flush", bool, True, "Streams flushed per chunk (off: a buffering proxy)", apply="load", group="defence"),
+        Lever("heartbeat", bool, True, "Heartbeat pings while a request waits", group="defence"),
+        Lever("cancel_on_disconnect", bool, True, "Cancel when the client hangs up", group="defence"),
+        Lever("queue_bound", bool, True, "Bounded queue (queue_cap refuses)", group="defence"),
+        Lever("deadline_recheck", bool, True, "Deadline rechecked before prefill", group="defence"),
+        Lever("retry_jitter", bool, True, "Jitter in Retry-After", group="defence"),
+        Lever("central_queue", bool, True, "One central queue (off: per-replica inboxes)", group="defence"),
+        Lever("aging", bool, True, "Aging (a reserved slot for old waiters)", group="defence"),
+        Lever("prefix_aware_routing", bool, True, "Prefix-aware routing", group="defence"),
+        Lever("collective_timeout", bool, True, "Timeout on tensor-parallel collectives", apply="rebuild", group="defence"),
+        Lever("drain_on_scale_in", bool, True, "Drain on scale-in", group="defence"),
+        Lever("asymmetric_windows", bool, True, "Asymmetric scaling windows", group="defence"),
+        Lever("count_pending", bool, True, "Count starting replicas as capacity", group="defence"),
+        # A cost, not a defence: reduction order independent of the batch, bitwise-stable outputs.
+        Lever("batch_invariant", bool, False, "Batch-invariant kernels", apply="rebuild", group="defence"),
+        # The lab's clients and the proxy hop between them and the server.
+        Lever("client_patience_s", float, 0.0, "Client patience (0 = waits forever)", "s", 0, 3600, apply="load", group="client"),
+        Lever("client_retries", int, 0, "Client retries after a 429", "", 0, 10, apply="load", group="client"),
+        Lever("proxy_idle_timeout_s", float, 60.0, "Proxy idle timeout (0 = none)", "s", 0, 3600, apply="load", group="client"),
     )
 }
+
+
+DEFENCE_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.group == "defence")
+CLIENT_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.group == "client")
 
 
 def validate_levers(values: dict[str, Any]) -> dict[str, Any]:

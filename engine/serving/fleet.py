@@ -21,6 +21,7 @@ from engine.model.paths import DEFAULT_MODEL_NAME, default_gguf_path
 from engine.model.tokenizer import ChatTokenizer, load_tokenizer
 from engine.sampling_params import SamplingParams
 from engine.serving.cores import spare_cores, split_cores
+from engine.serving.defences import Defences
 from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.events import EventLog
 from engine.serving.metrics import MetricsBus
@@ -74,12 +75,14 @@ class Fleet:
         driver: Driver | None = None,
         model: tuple[str, int] | None = None,
         events: EventLog | None = None,
+        defences: Defences | None = None,
     ) -> None:
         """replica_factory(replica_id, config, cores=, on_message=) makes each replica; None: a
         ReplicaHandle (a live replica process). clock: what the fleet, its router, bus and event
         log read time from. driver: what runs its steps; None: a WallClockDriver of its own.
         model: (name, context length) of a simulated model: no file is read, no tokenizer.
-        events: an event log to share (a simulated prefill/decode split's two pools); None: its own."""
+        events: an event log to share (a simulated prefill/decode split's two pools); None: its own.
+        defences: the serving layer's guards (engine/serving/defences.py); None: all on."""
         self.replica_factory: ReplicaFactory = replica_factory or ReplicaHandle
         self.clock = clock
         self._tokenizer: ChatTokenizer | None = None
@@ -92,6 +95,7 @@ class Fleet:
             self.model_name, self.context_length = model
         self.engine_config = engine_config
         self.fleet_config = fleet_config
+        self.defences = Defences() if defences is None else defences
         self.events = EventLog(clock) if events is None else events
         self.bus = MetricsBus(clock, events=self.events)
         router_config.block_size = engine_config.block_size

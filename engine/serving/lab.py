@@ -32,6 +32,7 @@ from engine.errors import InvalidParamError, ServingError
 from engine.levers import LEVERS, validate_levers
 from engine.serving.autoscaler import LEVERS as AUTOSCALER_LEVERS
 from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
+from engine.serving.defences import Defences
 from engine.serving.envelope import MB, bottlenecks, envelope
 from engine.serving.events import EventLog
 from engine.serving.fleet import Fleet
@@ -45,6 +46,7 @@ log = logging.getLogger("servelab.lab")
 
 LIVE_MODEL = "smollm2-135m"
 ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
+DEFENCES = Defences.names()  # the serving layer's guards: fleet.defences takes them in place
 ENGINE_IN_PLACE = tuple(key for key in LEVERS if key in IN_PLACE_FIELDS)
 REBUILD_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.apply == "rebuild")
 SIM_ONLY = tuple(key for key, lever in LEVERS.items() if lever.apply == "sim")  # the live engine ignores them
@@ -159,6 +161,9 @@ class LiveLab:
             router = {k: changed[k] for k in ROUTER_LEVERS if k in changed}
             if router:
                 self.fleet.router.reconfigure(**router)
+            defences = {k: changed[k] for k in DEFENCES if k in changed}
+            if defences:
+                self.fleet.defences.update(**defences)
             in_place = {k: changed[k] for k in ENGINE_IN_PLACE if k in changed}
             if in_place:
                 self.fleet.reconfigure(**in_place)

@@ -17,6 +17,7 @@ from typing import Any
 from werkzeug.serving import make_server
 
 from engine.config import EngineConfig
+from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
 from engine.serving.router import RouterConfig
 
@@ -34,7 +35,8 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
         rate_limit=args.rate_limit,
         api_keys=keys,
     )
-    fleet = Fleet(engine_config, router_config, FleetConfig(args.replicas, args.drain_timeout_s))
+    defences = Defences(**{key: getattr(args, key) for key in Defences.names()})
+    fleet = Fleet(engine_config, router_config, FleetConfig(args.replicas, args.drain_timeout_s), defences=defences)
     log.info(
         "API keys: %s",
         "required (SERVELAB_API_KEYS)" if keys else "none: the API is open (localhost classroom default)",
