@@ -32,7 +32,7 @@ $(CHROMIUM):
 
 # The C++ CPU attention op (engine/kernels/csrc/), built into .cache/kernels/ once per source;
 # without a compiler the build says so in one line and the engine runs the torch path.
-KERNEL_SRC := $(wildcard engine/kernels/csrc/*.cpp) engine/kernels/cpu_build.py
+KERNEL_SRC := $(wildcard engine/kernels/csrc/*.cpp engine/kernels/csrc/*.h) engine/kernels/cpu_build.py
 KERNEL_STAMP := .cache/kernels/.built-$(shell cat $(KERNEL_SRC) requirements.txt | cksum | cut -d' ' -f1)
 
 $(KERNEL_STAMP): $(STAMP) $(KERNEL_SRC)

@@ -78,10 +78,12 @@ def varlen_batch(
     }
 
 
-def run_op(b: dict, scale: float, split_tokens: int = 0, simd: bool = True, sdpa_from: int = 0) -> torch.Tensor:
+def run_op(
+    b: dict, scale: float, split_tokens: int = 0, simd: bool = True, sdpa_from: int = 0, amx: bool = True
+) -> torch.Tensor:
     out = torch.full_like(b["q"], float("nan"))
     args = (b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["seq_lens"], b["query_start_loc"], scale)
-    cpu_attention.paged_attention_out(out, *args, split_tokens, simd, sdpa_from)
+    cpu_attention.paged_attention_out(out, *args, split_tokens, simd, sdpa_from, amx)
     assert not out.isnan().any(), "an output element was not written"
     return out
 
@@ -107,13 +109,16 @@ spans_strategy = st.lists(
     heads_outer=st.booleans(),
     simd=st.booleans(),
     split_tokens=st.sampled_from([0, 8, 32]),
-    sdpa_from=st.sampled_from([0, 2, 16]),  # 0: every chunk in the op's loops; else long ones to torch's SDPA
+    sdpa_from=st.sampled_from([0, 2, 16]),  # 0: every chunk in the op's loops; else long ones to a GEMM path
+    amx=st.booleans(),  # that path: AMX tiles (bf16, on an AMX CPU) or torch's SDPA
     seed=st.integers(0, 10_000),
 )
-@example([(0, 1)], 16, 3, 1, 64, torch.float32, True, True, 0, 0, 0)  # context 1
-@example([(300, 1)], 16, 3, 1, 64, torch.bfloat16, True, True, 16, 0, 1)  # one long decode, split
-@example([(37, 1), (0, 23), (5, 1)], 16, 4, 2, 128, torch.float32, False, False, 0, 0, 2)
-@example([(37, 1), (0, 23), (5, 9)], 4, 3, 2, 64, torch.bfloat16, True, True, 0, 2, 3)
+@example([(0, 1)], 16, 3, 1, 64, torch.float32, True, True, 0, 0, True, 0)  # context 1
+@example([(300, 1)], 16, 3, 1, 64, torch.bfloat16, True, True, 16, 0, True, 1)  # one long decode, split
+@example([(37, 1), (0, 23), (5, 1)], 16, 4, 2, 128, torch.float32, False, False, 0, 0, True, 2)
+@example([(37, 1), (0, 23), (5, 9)], 4, 3, 2, 64, torch.bfloat16, True, True, 0, 2, True, 3)
+@example([(300, 70), (0, 2), (13, 40)], 16, 3, 1, 64, torch.bfloat16, True, True, 0, 2, True, 4)  # many key chunks
+@example([(90, 33)], 16, 4, 2, 128, torch.bfloat16, False, True, 0, 2, True, 5)
 def test_matches_float64_dense(
     spans: list[tuple[int, int]],
     block_size: int,
@@ -125,10 +130,11 @@ def test_matches_float64_dense(
     simd: bool,
     split_tokens: int,
     sdpa_from: int,
+    amx: bool,
     seed: int,
 ) -> None:
     b = varlen_batch(spans, kvh, group, head_dim, block_size, dtype, heads_outer, seed)
-    out = run_op(b, head_dim**-0.5, split_tokens, simd, sdpa_from)
+    out = run_op(b, head_dim**-0.5, split_tokens, simd, sdpa_from, amx)
     starts = b["query_start_loc"].tolist()
     tol = TOLERANCE[dtype]
     for i, (cached, new) in enumerate(spans):
@@ -182,6 +188,36 @@ def test_store_kv_matches_torch(dtype: torch.dtype, heads_outer: bool) -> None:
     kc, vc = (empty_cache(num_blocks, bs, kvh, d, dtype, heads_outer).zero_() for _ in range(2))
     cpu_attention.store_kv(k, v, kc, vc, torch.full((n,), -1))  # -1: a padding token, written nowhere
     assert not kc.any() and not vc.any()
+
+
+@pytest.mark.skipif(not cpu_attention.has_amx(), reason="this CPU has no AMX-BF16")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_amx_tiles_over_a_widening_score_range(head_dim: int) -> None:
+    """Keys that grow along the sequence move each row's running max again and again: the lazy
+    rescale (only past 2^8) must still give the dense answer; long chunks, shuffled blocks."""
+    spans = [(0, 333), (170, 90), (0, 9)]
+    b = varlen_batch(spans, 2, 3, head_dim, 16, torch.bfloat16, True, 7)
+    ids = b["block_tables"].long()
+    for i, (cached, new) in enumerate(spans):  # scale each sequence's keys by position, in cache and reference
+        n = cached + new
+        rows = torch.arange(n)
+        blocks, offsets = ids[i][rows // 16], rows % 16
+        factor = torch.linspace(0.2, 6.0, n)[:, None, None]
+        b["k_cache"][blocks, offsets] = (b["k_cache"][blocks, offsets].float() * factor).bfloat16()
+        b["keys"][i] = b["k_cache"][blocks, offsets]
+    out = run_op(b, head_dim**-0.5, sdpa_from=8, amx=True)
+    starts = b["query_start_loc"].tolist()
+    for i, (cached, new) in enumerate(spans):
+        want = dense_attention(b["q"][starts[i] : starts[i + 1]].double(), b["keys"][i], b["values"][i], cached)
+        tol = TOLERANCE[torch.bfloat16]
+        torch.testing.assert_close(out[starts[i] : starts[i + 1]].double(), want, rtol=tol, atol=tol)
+
+
+def test_amx_is_reported_as_the_cpu_has_it() -> None:
+    if os.environ.get("SERVELAB_AMX") == "0":
+        pytest.skip("SERVELAB_AMX=0 turns the tiles off")
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    assert cpu_attention.has_amx() == ("amx_bf16" in flags and "amx_tile" in flags and "avx512_bf16" in flags)
 
 
 def test_the_dispatcher_picks_the_op_on_cpu() -> None:

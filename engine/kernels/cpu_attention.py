@@ -14,9 +14,12 @@ import os
 
 import torch
 
-# Query chunks of at least this many tokens go to torch's CPU flash attention inside the op (over
-# the sequence's gathered blocks): at O(n^2) work its oneDNN kernels beat the op's own loops.
+# Query chunks of at least this many tokens leave the op's own loops for a GEMM path: AMX tiles
+# (prefill_amx.cpp) on a CPU that has them, bf16, from AMX_FROM tokens; else torch's CPU flash
+# attention over the sequence's gathered blocks, from SDPA_FROM. Measured against the loops
+# (bench/attention_op_bench.py): the tiles win from 8 query tokens, SDPA from about 64.
 SDPA_FROM = 64
+AMX_FROM = 8
 
 
 @functools.cache
@@ -59,15 +62,22 @@ def paged_attention(
     scale: float,
     split_tokens: int = 0,
     simd: bool = True,
-    sdpa_from: int = SDPA_FROM,
+    sdpa_from: int | None = None,
+    amx: bool | None = None,
 ) -> torch.Tensor:
     """Varlen attention over the paged cache. q [T, H, D] holds each sequence's last query tokens,
     sequence b's at rows query_start_loc[b]:query_start_loc[b+1]; seq_lens[b] counts its tokens
     including those; block_tables [B, max_blocks]; metadata int32. Returns [T, H, D].
     split_tokens: the fewest keys per split-KV part (0: the op's default); simd=False forces the
-    scalar routines (tests); sdpa_from: see SDPA_FROM (0: never)."""
+    scalar routines (tests); sdpa_from: chunks of at least this many tokens take the GEMM path
+    (0: never; None: long_chunk_path's); amx=False: that path is torch's SDPA even where AMX tiles
+    could take it (tests, benches); None: has_amx()."""
+    if amx is None:
+        amx = has_amx()
+    if sdpa_from is None:
+        sdpa_from = long_chunk_path(q.dtype, q.shape[-1])[0] if amx else SDPA_FROM
     return torch.ops.servelab.paged_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, sdpa_from
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, sdpa_from, amx
     )
 
 
@@ -75,6 +85,24 @@ def linear_prepacked(x: torch.Tensor, packed: torch.Tensor, out_features: int) -
     """x @ W.T for W prepacked by oneDNN (mkldnn::_linear_pointwise), as an opaque op that
     torch.compile keeps (Inductor lowers oneDNN's own op only for frozen weights)."""
     return torch.ops.servelab.linear_prepacked(x, packed, out_features)
+
+
+@functools.cache
+def has_amx() -> bool:
+    """Whether this CPU gives the op AMX tiles (the long-chunk path's fastest); SERVELAB_AMX=0
+    says no (benches compare the paths in two processes)."""
+    if os.environ.get("SERVELAB_AMX", "1") == "0":
+        return False
+    return available() and bool(torch.ops.servelab.has_amx())
+
+
+def long_chunk_path(dtype: torch.dtype, head_dim: int) -> tuple[int, bool]:
+    """(the shortest query chunk the op hands to its GEMM path, whether that path is AMX tiles):
+    (AMX_FROM, True) where the tiles take it (bf16, head_dim a multiple of 64, an AMX CPU), else
+    (SDPA_FROM, False)."""
+    if dtype == torch.bfloat16 and head_dim % 64 == 0 and has_amx():
+        return AMX_FROM, True
+    return SDPA_FROM, False
 
 
 def paged_attention_out(out: torch.Tensor, *args: object) -> None:

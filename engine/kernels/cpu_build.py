@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"]
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "paged_attention_cpu.cpp", CSRC / "prefill_amx.cpp"]
+HEADERS = [CSRC / "prefill_amx.h"]
 ROOT = Path(__file__).resolve().parents[2] / ".cache" / "kernels"
 # The AVX-512 routines carry their own target attribute and are picked at run time; the rest is
 # plain x86-64, so the library runs (on its scalar path) on any CPU of this architecture.
@@ -29,7 +31,7 @@ CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-unused-
 def source_key() -> str:
     digest = hashlib.sha256(torch.__version__.encode())
     digest.update(" ".join(CFLAGS).encode())
-    for src in SOURCES:
+    for src in SOURCES + HEADERS:
         digest.update(src.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -33,6 +33,7 @@ def compile_model(model: Llama, kv_caches: list[tuple[torch.Tensor, torch.Tensor
         return None
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(CACHE_DIR))
     _forget_earlier_model(model)
+    model.choose_long_chunks()  # constants of the graph: chosen before tracing
     compiled = torch.compile(
         model.forward_varlen,
         dynamic=True,

@@ -100,6 +100,10 @@ class Llama(nn.Module):
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         # forward_varlen through Inductor (engine/model/compile.py), when the engine compiles.
         self.compiled_forward: Callable[..., torch.Tensor] | None = None
+        # Which query chunks the op's GEMM path takes, and whether that is AMX tiles or SDPA
+        # (cpu_attention.long_chunk_path): set on the first forward over the op, outside any
+        # compiled graph (it asks the CPU).
+        self.long_chunks: tuple[int, bool] | None = None
 
     def prepack(self) -> bool:
         """bf16 on CPU: keep each matmul weight also in oneDNN's blocked layout, which ran decode
@@ -118,6 +122,12 @@ class Llama(nn.Module):
         tensors += [self.packed_lm_head] if self.packed_lm_head is not None else []
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def choose_long_chunks(self) -> tuple[int, bool]:
+        """long_chunks, asked of the CPU once (before any compiled graph bakes it in)."""
+        if self.long_chunks is None:
+            self.long_chunks = cpu_attention.long_chunk_path(self.embed.dtype, self.cfg.head_dim)
+        return self.long_chunks
+
     def init_rope(self, device: str | torch.device) -> None:
         cfg = self.cfg
         exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim
@@ -134,6 +144,7 @@ class Llama(nn.Module):
     ) -> torch.Tensor:
         impl = pick_impl(self.attention_impl, self.embed)
         if impl == "cpu" and attn.seq_lens is not None:  # the C++ op: tensors only, so it compiles
+            self.choose_long_chunks()
             run = self.compiled_forward or self.forward_varlen
             meta = (attn.slot_mapping, attn.block_tables, attn.seq_lens, attn.query_start_loc)
             return run(input_ids, positions, *meta, kv_caches)
@@ -157,12 +168,15 @@ class Llama(nn.Module):
     ) -> torch.Tensor:
         """The forward over the C++ CPU op: every sequence's attention in one call per layer."""
         scale = self.cfg.head_dim**-0.5
+        long_from, amx = self.long_chunks or (cpu_attention.SDPA_FROM, False)
 
         def attend(
             q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor
         ) -> torch.Tensor:
             cpu_attention.store_kv(k, v, kc, vc, slot_mapping)
-            return cpu_attention.paged_attention(q, kc, vc, block_tables, seq_lens, query_start_loc, scale)
+            return cpu_attention.paged_attention(
+                q, kc, vc, block_tables, seq_lens, query_start_loc, scale, sdpa_from=long_from, amx=amx
+            )
 
         return self._layers(input_ids, positions, kv_caches, attend)
 

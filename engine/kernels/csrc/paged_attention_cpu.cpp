@@ -19,6 +19,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include "prefill_amx.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define SERVELAB_X86 1
@@ -656,7 +658,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
 void paged_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                          const at::Tensor& block_tables, const at::Tensor& seq_lens,
                          const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd,
-                         int64_t sdpa_from) {
+                         int64_t sdpa_from, bool amx) {
   check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc);
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.stride(2) == 1,
               "out must be like q");
@@ -664,11 +666,17 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor&
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   std::vector<bool> done(seq_lens.size(0), false);
+  std::vector<int64_t> long_chunks;  // sequences whose chunk goes to a GEMM path: AMX tiles, else SDPA
   for (int64_t s = 0; s < seq_lens.size(0) && sdpa_from > 0; ++s) {
-    const int64_t qlen = qsl[s + 1] - qsl[s];
-    if (qlen < sdpa_from) continue;
-    prefill_with_sdpa(q, k_cache, v_cache, block_tables[s], lens[s], qsl[s], qlen, scale, out);
+    if (qsl[s + 1] - qsl[s] < sdpa_from) continue;
+    long_chunks.push_back(s);
     done[s] = true;
+  }
+  if (amx && !long_chunks.empty() && servelab::amx_prefill_fits(q)) {
+    servelab::amx_prefill(q, k_cache, v_cache, block_tables, lens, qsl, long_chunks, scale, out);
+  } else {
+    for (const int64_t s : long_chunks)
+      prefill_with_sdpa(q, k_cache, v_cache, block_tables[s], lens[s], qsl[s], qsl[s + 1] - qsl[s], scale, out);
   }
   switch (q.scalar_type()) {  // fp32 accumulation for every input dtype (so no double)
     case at::kFloat:
@@ -690,10 +698,10 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor&
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
                            const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd,
-                           int64_t sdpa_from) {
+                           int64_t sdpa_from, bool amx) {
   at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
   paged_attention_out(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd,
-                      sdpa_from);
+                      sdpa_from, amx);
   return out;
 }
 
@@ -749,12 +757,14 @@ at::Tensor linear_prepacked(const at::Tensor& x, const at::Tensor& packed, int64
 TORCH_LIBRARY(servelab, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-      "Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64) -> Tensor");
+      "Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64, bool amx=True) -> Tensor");
   m.def(
       "paged_attention_out(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-      "Tensor seq_lens, Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64) -> ()");
+      "Tensor seq_lens, Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64, "
+      "bool amx=True) -> ()");
   m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
   m.def("has_simd", &has_simd);
+  m.def("has_amx", &servelab::amx_available);
   m.def("linear_prepacked(Tensor x, Tensor packed, int out_features) -> Tensor");
 }
 
