@@ -1,6 +1,7 @@
 """The C++ CPU path of engine/kernels/attention.py: one op for decode and chunked prefill that
-reads K/V blocks in place through the block table (engine/kernels/csrc/paged_attention_cpu.cpp),
-and the cache write. Registered as torch.ops.servelab.* with fake implementations, so
+reads K/V blocks in place through the block table (engine/kernels/csrc/: ops_cpu.cpp the entry
+points, paged_attention_cpu.cpp the loops, prefill_amx.cpp long chunks on AMX tiles), and the
+cache write. Registered as torch.ops.servelab.* with fake implementations, so
 torch.compile keeps them as opaque ops.
 
 The library is built by `make kernels` (engine/kernels/cpu_build.py), never here: when it is not
