@@ -9,10 +9,10 @@ import numpy as np
 import torch
 
 from engine.huge_pages import zeros_on_huge_pages
-from engine.logits_processors import process_logits
+from engine.logits_processors import needs_processing, process_logits
 from engine.logprobs import token_logprobs
 from engine.model.llama import AttentionBatch, Llama, PrefillChunk
-from engine.sampler import Sampler
+from engine.sampler import Sampler, greedy_tokens
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 
@@ -80,8 +80,11 @@ class ModelRunner:
                 rows.append(offset - 1)
         if not to_sample:
             return {}
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
+        raw = self.model.raw_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
         ids = [s.request_id for s in to_sample]
+        if all(s.params.greedy and s.params.logprobs is None and not needs_processing(s) for s in to_sample):
+            return dict(zip(ids, greedy_tokens(raw).tolist()))  # the common case: no fp32 copy
+        logits = raw.float()
         processed = process_logits(logits, to_sample, self.eos_token_ids)
         tokens = self.sampler.sample(processed, [s.params for s in to_sample], ids)
         wanted = [r for r, s in enumerate(to_sample) if s.params.logprobs is not None]

@@ -259,3 +259,33 @@ def test_build_without_a_compiler_says_so_in_one_line(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("\n") == 1 and "no C++ compiler" in run.stdout and "torch path" in run.stdout
     assert not list(tmp_path.rglob("*.so"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    vocab=st.integers(1, 70),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    ties=st.booleans(),
+    nans=st.integers(0, 2),
+    seed=st.integers(0, 10_000),
+)
+def test_greedy_pick_is_torch_max(rows: int, vocab: int, dtype: torch.dtype, ties: bool, nans: int, seed: int) -> None:
+    """The C++ greedy pick against torch.max(dim).indices: ties (the first wins), NaN (the first
+    NaN wins), -inf rows, vocabularies that are not multiples of 16, both dtypes."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen)
+    if ties:
+        logits = logits.round()  # many equal values, several tied maxima
+    for _ in range(nans):
+        logits[torch.randint(rows, (1,), generator=gen), torch.randint(vocab, (1,), generator=gen)] = float("nan")
+    logits[0] = float("-inf")
+    logits = logits.to(dtype)
+    assert torch.equal(cpu_attention.greedy_pick(logits), logits.max(dim=-1).indices)
+
+
+def test_greedy_pick_on_the_model_vocabulary() -> None:
+    logits = torch.randn(64, 49152, generator=torch.Generator().manual_seed(1)).bfloat16()
+    logits[5, 40000] = 100.0
+    logits[6, [3, 30000]] = 100.0  # a tie: the first
+    assert torch.equal(cpu_attention.greedy_pick(logits), logits.float().max(dim=-1).indices)

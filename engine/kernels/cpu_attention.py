@@ -47,6 +47,10 @@ def _register_fakes() -> None:
     def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
         return x.new_empty(*x.shape[:-1], out_features)
 
+    @torch.library.register_fake("servelab::greedy_pick")
+    def _(logits: torch.Tensor) -> torch.Tensor:
+        return logits.new_empty(logits.shape[0], dtype=torch.long)
+
     @torch.library.register_fake("servelab::paged_attention_out")
     @torch.library.register_fake("servelab::store_kv")
     def _(*_: object) -> None:
@@ -104,6 +108,11 @@ def long_chunk_path(dtype: torch.dtype, head_dim: int) -> tuple[int, bool]:
     if dtype == torch.bfloat16 and head_dim % 64 == 0 and has_amx():
         return AMX_FROM, True
     return SDPA_FROM, False
+
+
+def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax of CPU logits [B, V] (float32 or bfloat16), as torch.max(dim).indices."""
+    return torch.ops.servelab.greedy_pick(logits.contiguous())
 
 
 def paged_attention_out(out: torch.Tensor, *args: object) -> None:

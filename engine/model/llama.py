@@ -206,8 +206,13 @@ class Llama(nn.Module):
         return partial if self.all_reduce is None else self.all_reduce(partial)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits: what sampling, penalties and logprobs compute with."""
+        return self.raw_logits(hidden).float()
+
+    def raw_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in the model's dtype: a greedy pick needs no fp32 copy (widening is exact)."""
         x = F.rms_norm(hidden, (self.cfg.hidden_size,), self.norm, self.cfg.rms_norm_eps)
-        return linear(x, self.lm_head, self.packed_lm_head).float()
+        return linear(x, self.lm_head, self.packed_lm_head)
 
     def _attention(
         self,

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "greedy_cpu.h"
 #include "paged_attention_loops.h"
 #include "prefill_amx.h"
 
@@ -154,6 +155,7 @@ TORCH_LIBRARY(servelab, m) {
   m.def("has_simd", &has_simd);
   m.def("has_amx", &servelab::amx_available);
   m.def("linear_prepacked(Tensor x, Tensor packed, int out_features) -> Tensor");
+  m.def("greedy_pick(Tensor logits) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(servelab, CPU, m) {
@@ -161,6 +163,7 @@ TORCH_LIBRARY_IMPL(servelab, CPU, m) {
   m.impl("paged_attention_out", paged_attention_out);
   m.impl("store_kv", store_kv);
   m.impl("linear_prepacked", linear_prepacked);
+  m.impl("greedy_pick", servelab::greedy_pick);
 }
 
 // The prepacked weight is an opaque oneDNN tensor, whose dispatch key (MkldnnCPU) picks the kernel.
