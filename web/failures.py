@@ -12,8 +12,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from engine.levers import LEVERS
-
 
 class Direction(enum.StrEnum):
     """Which way the metric moves when the defence is off."""
@@ -34,17 +32,13 @@ class Shape(enum.StrEnum):
 @dataclass(frozen=True)
 class Failure:
     step: int
-    lever: str  # a defence lever (engine/levers.py, group "defence")
+    lever: str  # a defence lever (engine/levers.py, group "defence"): check_table() holds it to that
     title: str
     metric: str  # a top-level key of the /live metrics snapshot
     direction: Direction
     incident: str
     shape: Shape = Shape.LEVEL
     needs: str = ""  # what the failure needs to show on this machine, beyond the lever (off)
-
-    @property
-    def label(self) -> str:
-        return LEVERS[self.lever].label
 
 
 FAILURES: tuple[Failure, ...] = (

@@ -268,6 +268,10 @@ class ReplicaHandle:
         self._inbox.put(Drain())
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self.state == ReplicaState.STARTING and self.process.is_alive():
+            # Still loading: it reads no command until loaded and holds no request; stop it now.
+            self.kill(f"replica {self.replica_id} stopped while loading")
+            return
         if self.process.is_alive():
             self._inbox.put(Stop())
             self._ended.wait(timeout)
