@@ -19,6 +19,10 @@ KV block count for all (its memory is the tightest).
 A rank that stops answering fails the whole group: every collective has COLLECTIVE_TIMEOUT_S,
 after which rank 0 kills every worker (SIGKILL works on a stopped process too) and raises
 ShardGroupError; workers die with their parent (PR_SET_PDEATHSIG) and leave on a broken pipe.
+With the defence lever `collective_timeout` off (EngineConfig), ServeLab sets no timeout of its
+own: the group gets torch's built-in default (gloo cannot wait forever, but its default is half
+an hour), and the replica arms no step watchdog (engine/serving/replica.py), so a stopped rank
+leaves rank 0 waiting inside an all-reduce while its heartbeats still say it is alive.
 """
 
 from __future__ import annotations
@@ -104,13 +108,14 @@ def step_from_wire(msg: dict[str, Any], device: str) -> tuple[torch.Tensor, torc
 
 def join_group(config: EngineConfig, rank: int, port: int, store: Any = None) -> None:
     world = config.tensor_parallel
-    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    # The guard off is the guard absent: no timeout argument, so torch's own default applies.
+    timeout = {"timeout": datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)} if config.collective_timeout else {}
     if store is None:
         store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
     backend = "nccl" if config.device.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, **timeout)
 
 
 class AllReduceTimer:

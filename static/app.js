@@ -37,6 +37,8 @@
                ["warm pool", (s) => (s.replicas.warm || 0) + (s.replicas.warming || 0), "dot"]],
     batch_size: [["batch", (s) => s.batch_size], ["slots", (s) => s.max_num_seqs, "dot"]],
     allreduce_ms: [["all-reduce ms per step", (s) => s.allreduce_ms], ["ITL p50 ms", (s) => (s.itl_p50 === null ? null : s.itl_p50 * 1000)]],
+    scaling: [["scale changes", (s) => s.scale_changes_total], ["replicas ordered", (s) => s.replicas_ordered_total],
+              ["streams cut mid-stream", (s) => s.streams_cut_mid_stream]],
   };
   const COLORS = ["#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8"];
   const charts = $$(".chart").map((el) => {
@@ -314,6 +316,24 @@
         other.classList.add(other.dataset.correct === "true" ? "correct" : "wrong");
         other.parentElement.querySelector(".why").hidden = false;
       }
+    });
+  }
+
+  // ---- step 3: one long prompt (random token ids, so the prefix cache cannot answer it) ---------
+  const longPrompt = $("#long-prompt");
+  if (longPrompt) {
+    longPrompt.addEventListener("click", async () => {
+      const n = Number(longPrompt.dataset.tokens), timing = $("#prompt-timing");
+      const ids = Array.from({ length: n }, () => 1000 + Math.floor(Math.random() * 30000));
+      timing.classList.remove("error");
+      timing.textContent = "a " + n + "-token prompt is in the queue: watch the ITL chart…";
+      const start = performance.now();
+      const res = await fetch("/v1/completions", { method: "POST", headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ model: (window.servelab.lab || {}).model, prompt: ids, max_tokens: 8 }) });
+      const body = await res.json();
+      timing.classList.toggle("error", !res.ok);
+      timing.textContent = res.ok ? n + "-token prompt answered in " + Math.round(performance.now() - start) + " ms"
+        : res.status + ": " + body.error.message;
     });
   }
 

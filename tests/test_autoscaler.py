@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.clock import VirtualClock
 from engine.serving.autoscaler import Autoscaler, AutoscalerConfig, Decision, Signals
+from engine.serving.defences import Defences
 from engine.serving.events import EventLog
 
 TICK = 0.5
@@ -17,6 +18,7 @@ class FakeFleet:
     def __init__(self, clock: VirtualClock, ready: int = 1, starting: int = 0) -> None:
         self.clock = clock
         self.events = EventLog(clock)
+        self.defences = Defences()
         self.ready, self.starting, self.draining = ready, starting, 0
         self.queued, self.slot_util, self.kv_util = 0, 0.0, 0.0
         self.warm_pool: int | None = None

@@ -13,6 +13,7 @@ from engine.errors import InvalidParamError
 from engine.levers import LEVERS, validate_levers
 from engine.serving.lab import check_live
 from web.evolution import EVOLUTION
+from web.failures import check_table, failures_for_step
 from web.lessons import LESSONS_DIR, LessonLibrary, main, parse_lesson
 
 GOOD = textwrap.dedent(
@@ -40,7 +41,7 @@ GOOD = textwrap.dedent(
           why: It buffers bursts and sheds load only when deep.
     failure_modes:
       - title: Unbounded queue
-        levers: {queue_cap: 10000}
+        levers: {queue_cap: 10000, queue_bound: false, deadline_recheck: false, retry_jitter: false, central_queue: false}
         expect: Everyone waits; TTFT explodes.
     ---
     # The queue
@@ -77,6 +78,9 @@ def test_shipped_lessons_are_valid_and_cover_every_step() -> None:
         (("    watch: The queue_depth chart fills, then drains.", "    watch: ''"), 12, "watch"),
         (("title: Put a queue in front", "title: [unclosed"), 3, "YAML"),
         (("failure_modes:", "failure_mode:"), 22, "unknown field"),
+        # A Break it card's levers must be levers, and the step's defence levers must all be used.
+        (("{queue_cap: 10000, queue_bound", "{queue_kap: 10000, queue_bound"), 24, "unknown lever 'queue_kap'"),
+        ((", central_queue: false}", "}"), 22, "defence lever 'central_queue' of step 2"),
     ],
 )
 def test_mistakes_point_at_their_line(tmp_path: Path, change: tuple[str, str], line: int, words: str) -> None:
@@ -86,6 +90,24 @@ def test_mistakes_point_at_their_line(tmp_path: Path, change: tuple[str, str], l
     assert errors
     assert any(e.line == line and words in e.message for e in errors), [str(e) for e in errors]
     assert str(errors[0]).startswith(f"{path}:")
+
+
+def test_break_it_cards_use_the_defence_levers_of_their_step(tmp_path: Path) -> None:
+    """GOOD (step 2) passes because its card sets step 2's four defences; the shipped lessons each
+    set every defence of their step (web/failures.py's rows), and a card naming a lever that does
+    not exist is refused at its line."""
+    assert parse_lesson(write(tmp_path, GOOD))[1] == []
+    assert {f.lever for f in failures_for_step(2)} == {"queue_bound", "deadline_recheck", "retry_jitter", "central_queue"}
+    for lesson in LessonLibrary().lessons():
+        used = {key for card in lesson.meta["failure_modes"] for key in card["levers"]}
+        assert {f.lever for f in failures_for_step(lesson.step)} <= used, lesson.path.name
+    bad = write(tmp_path, GOOD.replace("central_queue: false}", "central_queues: false}"), "02-bad.md")
+    errors = parse_lesson(bad)[1]
+    assert [(e.line, e.message) for e in errors] == [
+        (24, "unknown lever 'central_queues'"),
+        (22, "no Break it card sets the defence lever 'central_queue' of step 2"),
+    ]
+    assert check_table() == []
 
 
 def test_validator_command_reports_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ from markdown_it import MarkdownIt
 
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS
+from web.failures import failures_for_step
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
 CHARTS = {  # the live charts a lesson may name, with the title a page gives each
@@ -33,6 +34,7 @@ CHARTS = {  # the live charts a lesson may name, with the title a page gives eac
     "replicas": "Replicas by state",
     "batch_size": "Batch size / slots",
     "allreduce_ms": "Tensor parallel: all-reduce time per step (ms)",
+    "scaling": "Autoscaler: scale changes, replicas ordered, streams cut (totals)",
 }
 FILE_NAME = re.compile(r"^(\d\d)-[a-z0-9-]+\.md$")
 _markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
@@ -135,6 +137,8 @@ def _check(meta: Any, c: _Checker) -> None:
                 c.fail(("charts", i), f"unknown chart {chart!r}; charts are {', '.join(CHARTS)}")
     _check_cards(meta.get("scenarios"), "scenarios", ("title", "watch"), c)
     _check_cards(meta.get("failure_modes"), "failure_modes", ("title", "expect"), c)
+    if isinstance(step, int) and not isinstance(step, bool):
+        _check_defence_cards(step, meta.get("failure_modes"), c)
     _check_decision(meta.get("decision"), c)
     if "at_scale" in meta:
         _check_at_scale(meta["at_scale"], c)
@@ -170,6 +174,17 @@ def _check_cards(cards: Any, name: str, texts: tuple[str, ...], c: _Checker) -> 
             if not isinstance(card.get(key), str) or not card[key].strip():
                 c.fail((name, i, key), f"{name}[{i}] needs a non-empty {key}")
         _check_levers(card.get("levers"), (name, i, "levers"), c, required=True)
+
+
+def _check_defence_cards(step: int, cards: Any, c: _Checker) -> None:
+    """Each defence lever whose failure this step teaches (web/failures.py) is set by one of its
+    "Break it" cards, so the lesson breaks what the gallery says it does."""
+    if not isinstance(cards, list):
+        return  # _check_cards has said so
+    used = {key for card in cards if isinstance(card, dict) and isinstance(card.get("levers"), dict) for key in card["levers"]}
+    for failure in failures_for_step(step):
+        if failure.lever not in used:
+            c.fail(("failure_modes",), f"no Break it card sets the defence lever {failure.lever!r} of step {step}")
 
 
 def _check_decision(decision: Any, c: _Checker) -> None:

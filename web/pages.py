@@ -1,5 +1,5 @@
 """The teaching pages: `/` (the path of steps and the live engine), `/steps/1`..`/steps/8`, and
-`/lab` (every lever), plus the npm-installed browser libraries under /static/vendor/."""
+`/lab` (every lever), `/failures` (the failure gallery), plus the npm-installed browser libraries under /static/vendor/."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from engine.serving.lab import LiveLab
 from engine.serving.shape import TRADEOFFS
 from web.diagram import diagram
 from web.evolution import EVOLUTION
+from web.failures import FAILURES
 from web.lessons import CHARTS, LessonLibrary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +70,14 @@ def lab_page() -> str:
         diagram=diagram(None),
         evolution=EVOLUTION,
         **_shared(),
+    )
+
+
+@pages.get("/failures")
+def failures_page() -> str:
+    """The failure gallery: every defence lever's failure, a break / fix toggle and its metric live."""
+    return render_template(
+        "failures.html", lessons=library().lessons(), live=lab().live_state(), failures=FAILURES, **_shared()
     )
 
 

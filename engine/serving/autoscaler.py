@@ -9,7 +9,14 @@ or provisioning count as capacity already ordered, so a queue that is already be
 never orders again; any change in capacity restarts both windows, so flapping load cannot flap
 the fleet. `decide` is pure (signals in, a Decision out) so tests feed it recorded traces on a
 VirtualClock; `tick` is the actuator that reads the fleet and calls it, one round at the clock's
-now(): a driver runs it every tick_s (a thread live, the EventLoop in simulation)."""
+now(): a driver runs it every tick_s (a thread live, the EventLoop in simulation).
+
+Two of those guards are defence levers (engine/serving/defences.py), read from the fleet's
+Defences at each decision: `asymmetric_windows` off uses the short window both ways, so a load
+that hovers at the threshold scales in at the first lull and out at the next burst (the replica
+count flaps); `count_pending` off counts only ready replicas as capacity when reacting to load,
+so every up window during a long provisioning delay orders again what is already on its way. The
+floor (min_replicas) still counts starting replicas either way: it is not a reaction to load."""
 
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Protocol
 
 from engine.clock import WALL_CLOCK, Clock
+from engine.serving.defences import Defences
 from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.events import EventLog
 from engine.serving.replica_api import PoolState, ReplicaState
@@ -96,6 +104,7 @@ class Scalable(Protocol):
     """What the autoscaler needs of a fleet (engine.serving.fleet.Fleet)."""
 
     events: EventLog
+    defences: Defences  # read at each decision: the lab changes it in place
     warm_pool: int | None
     provision_delay_s: float | None
 
@@ -142,8 +151,12 @@ class Autoscaler:
             self._held = False
         if s.capacity < floor:
             return Decision(floor - s.capacity, f"{self._count(s)} < min_replicas {floor}: +{floor - s.capacity}")
+        defences = self.fleet.defences
+        if not defences.count_pending:  # the defence off: what is starting is not capacity
+            s = replace(s, starting=0)
         if s.capacity > ceiling:
             return Decision(-1, f"{self._count(s)} > max_replicas {ceiling}: -1")
+        down_window_s = c.down_window_s if defences.asymmetric_windows else c.up_window_s
         pressure, calm = self._pressure(s), self._calm(s)
         self._hot_since = (self._hot_since if self._hot_since is not None else s.time) if pressure else None
         self._calm_since = (self._calm_since if self._calm_since is not None else s.time) if calm else None
@@ -151,7 +164,7 @@ class Autoscaler:
             self._held = False
         elif s.time - self._hot_since >= c.up_window_s:
             return self._scale_up(s, pressure, s.time - self._hot_since)
-        if calm and s.time - self._calm_since >= c.down_window_s and s.ready > floor and not s.starting:
+        if calm and s.time - self._calm_since >= down_window_s and s.ready > floor and not s.starting:
             if s.draining:
                 return None  # one drain at a time
             return Decision(-1, f"{calm} for {s.time - self._calm_since:.0f} s: -1 (drain one of {s.ready} ready)")

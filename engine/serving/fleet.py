@@ -25,6 +25,7 @@ from engine.serving.defences import Defences
 from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.events import EventLog
 from engine.serving.metrics import MetricsBus
+from engine.serving.provisioning import Order, Provisioning
 from engine.serving.replica import ReplicaHandle
 from engine.serving.replica_api import ENDED, SERVING, PoolState, ReplicaFactory, ReplicaState
 from engine.serving.router import AdmissionError, Router, RouterConfig
@@ -47,16 +48,7 @@ class FleetConfig:
     provision_delay_s: float = LEVERS["provision_delay_s"].default  # a cold start waits this, then loads
 
 
-@dataclass
-class Order:
-    """A replica being provisioned: it starts when the delay has passed, unless cancelled first."""
-
-    pool: bool  # for the warm pool, or to serve
-    delay_s: float
-    cancelled: bool = False
-
-
-class Fleet:
+class Fleet(Provisioning):
     """Replicas come and go while it serves: rebuilt when a lever needs it, added and retired by
     the autoscaler. A retired replica drains (finishes its residents) before it stops.
 
@@ -105,6 +97,9 @@ class Fleet:
         self.retiring: list[Any] = []  # draining: no new work, finishing their residents
         self.warm: list[Any] = []  # the warm pool: loaded (or loading), idle, not routed to
         self.orders: list[Order] = []  # replicas being provisioned
+        self.streams_cut_mid_stream = 0  # the scaling counters (provisioning.SCALE_COUNTERS)
+        self.scale_changes_total = 0
+        self.replicas_ordered_total = 0
         self._own_driver = driver is None
         self.driver: Driver = WallClockDriver("fleet") if driver is None else driver
         self._cores: dict[int, list[int]] = {}
@@ -164,82 +159,7 @@ class Fleet:
     def _spare_cores(self) -> list[int]:
         return spare_cores(self._cores.get(r.replica_id, []) for r in self.replicas + self.warm)
 
-    # scaling (the autoscaler's actuator) --------------------------------------------------------
-
-    def scale_up(self, count: int = 1) -> str:
-        """Add `count` serving replicas: from the warm pool when it has any (loaded ones first),
-        else cold starts after provision_delay_s; then refill the pool. Says what it did."""
-        done = []
-        with self._lock:
-            for _ in range(count):
-                pool = [r for r in self.warm if r.state in SERVING]
-                if pool:
-                    replica = min(pool, key=lambda r: r.state != ReplicaState.READY)
-                    self.warm.remove(replica)
-                    replica.on_message = self.bus.observe
-                    self.replicas.append(replica)
-                    self.router.set_replicas(self.replicas)
-                    done.append(f"replica {replica.replica_id} from the warm pool")
-                else:
-                    self._order(pool=False)
-                    done.append(f"cold start: {self.provision_delay_s:g} s to provision, then the model load")
-            self._fill_pool()
-        return "; ".join(done)
-
-    def scale_down(self) -> str:
-        """One replica fewer: cancel one still provisioning, else drain the least-loaded one
-        (starting ones first: nothing runs there). Says what it did."""
-        with self._lock:
-            serving_orders = [o for o in self.orders if not o.pool]
-            if serving_orders:
-                self._cancel(serving_orders[-1])
-                return "cancelled a replica still provisioning"
-            candidates = [r for r in self.replicas if r.state in SERVING]
-            if not candidates:
-                return "nothing to drain"
-            replica = min(candidates, key=lambda r: (r.state == ReplicaState.READY, r.num_in_flight))
-            residents = replica.num_in_flight
-            self.retire(replica)
-            return f"draining replica {replica.replica_id}, {residents} request(s) still on it"
-
-    def set_warm_pool(self, count: int) -> None:
-        with self._lock:
-            self.fleet_config.warm_pool = count
-            self._fill_pool()
-
-    def set_provision_delay(self, seconds: float) -> None:
-        """Applies to orders from now on; ones already waiting keep their delay."""
-        self.fleet_config.provision_delay_s = seconds
-
-    def _fill_pool(self) -> None:
-        """Order pool replicas up to warm_pool, or let the extra ones go (orders first)."""
-        pool_orders = [o for o in self.orders if o.pool]
-        for _ in range(self.warm_pool - len(self.warm) - len(pool_orders)):
-            self._order(pool=True)
-        excess = max(0, len(self.warm) + len(pool_orders) - self.warm_pool)
-        for order in pool_orders[:excess]:
-            self._cancel(order)
-        for replica in sorted(self.warm, key=lambda r: r.state == ReplicaState.READY)[: max(0, excess - len(pool_orders))]:
-            self.warm.remove(replica)
-            self.retiring.append(replica)
-            replica.drain()  # idle: it stops at once
-
-    def _order(self, pool: bool) -> None:
-        order = Order(pool, self.provision_delay_s)
-        self.orders.append(order)
-        self.driver.after(order.delay_s, lambda: self._provision(order))
-
-    def _provision(self, order: Order) -> None:
-        """The machine came: the replica starts (and loads) unless the order was cancelled."""
-        with self._lock:
-            if order.cancelled or self._stopped:
-                return
-            self.orders.remove(order)
-            self._start(self._spare_cores(), serve=not order.pool)
-
-    def _cancel(self, order: Order) -> None:
-        order.cancelled = True
-        self.orders.remove(order)
+    # scaling: scale_up, scale_down, kill, the warm pool and orders (engine/serving/provisioning.py)
 
     def retire(self, replica: Any) -> None:
         """Scale-in is a drain: the router stops sending at once, the replica finishes what it
@@ -365,12 +285,15 @@ class Fleet:
         return self.router.submit(request_id, prompt_token_ids, params, api_key, events)
 
     def metrics_text(self) -> str:
-        return self.bus.prometheus_text(
+        text = self.bus.prometheus_text(
             self.model_name, len(self.router.queue), self.router.rejected, self.replica_states()
         )
+        return text + "\n".join(self.scale_metrics_lines()) + "\n"
 
     def snapshot(self) -> dict:
-        return self.bus.snapshot(len(self.router.queue), self.router.rejected, self.replica_states())
+        snap = self.bus.snapshot(len(self.router.queue), self.router.rejected, self.replica_states())
+        snap |= self.scale_counts()  # part C's keys: streams_cut_mid_stream, scale_changes_total, replicas_ordered_total
+        return snap
 
     # shutdown -----------------------------------------------------------------------------------
 

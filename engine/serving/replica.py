@@ -198,7 +198,12 @@ class ReplicaHandle:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         # A tensor-parallel group is one failure unit: a rank that hangs inside a collective holds
         # rank 0's step, so a tighter watchdog (behind the collectives' own timeout) fails it fast.
-        self.step_timeout_s = step_timeout_s if config.tensor_parallel == 1 else min(step_timeout_s, STEP_TIMEOUT_S)
+        # With the defence collective_timeout off there is no step watchdog at all (None).
+        self.step_timeout_s: float | None = (
+            None
+            if not config.collective_timeout
+            else step_timeout_s if config.tensor_parallel == 1 else min(step_timeout_s, STEP_TIMEOUT_S)
+        )
         self.step_started: float | None = None
         self.state = ReplicaState.STARTING
         self.stats: ReplicaStats | None = None  # the latest step's, once it reports
@@ -207,6 +212,7 @@ class ReplicaHandle:
         self._inbox = ctx.Queue()
         self._outbox = ctx.Queue()
         self._streams: dict[str, queue.Queue] = {}
+        self._streaming: set[str] = set()  # requests on it that have had their first token
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self._ended = threading.Event()
@@ -262,6 +268,10 @@ class ReplicaHandle:
         self._inbox.put(Drain())
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self.state == ReplicaState.STARTING and self.process.is_alive():
+            # Still loading: it reads no command until loaded and holds no request; stop it now.
+            self.kill(f"replica {self.replica_id} stopped while loading")
+            return
         if self.process.is_alive():
             self._inbox.put(Stop())
             self._ended.wait(timeout)
@@ -269,6 +279,17 @@ class ReplicaHandle:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout)
+
+    def kill(self, reason: str) -> int:
+        """Stop at once, as a terminated machine does (SIGKILL, no drain): every request on it
+        fails with `reason`. Returns how many of them had already streamed a token."""
+        with self._lock:
+            cut = len(self._streaming & self._streams.keys())
+        self._end(ReplicaState.STOPPED, reason)  # first: its streams get this reason, not "died"
+        if self.process.is_alive():
+            self.process.kill()  # its tensor-parallel ranks die with it (PR_SET_PDEATHSIG)
+        self.process.join(10)
+        return cut
 
     def wait_ready(self, timeout: float = 120.0) -> bool:
         self._ready.wait(timeout)
@@ -303,10 +324,14 @@ class ReplicaHandle:
                 events = self._streams.get(delta.request_id)
                 if events is not None:
                     events.put(delta)
+                    if delta.token_ids:
+                        self._streaming.add(delta.request_id)
                     if delta.finished:
                         del self._streams[delta.request_id]
+                        self._streaming.discard(delta.request_id)
             for error in msg.errors:
                 events = self._streams.pop(error.request_id, None)
+                self._streaming.discard(error.request_id)
                 if events is not None:
                     events.put(error)
             if msg.stats:
@@ -328,7 +353,7 @@ class ReplicaHandle:
         elif (now := WALL_CLOCK.now()) - self.last_seen > self.heartbeat_timeout_s:
             self.process.kill()  # frozen (e.g. SIGSTOP): fail it loudly rather than wait on it
             self._end(ReplicaState.FAILED, f"replica {self.replica_id} sent nothing for {self.heartbeat_timeout_s:.1f} s")
-        elif self.step_started is not None and now - self.step_started > self.step_timeout_s:
+        elif self.step_timeout_s is not None and self.step_started is not None and now - self.step_started > self.step_timeout_s:
             self.process.kill()
             self._end(ReplicaState.FAILED, f"replica {self.replica_id} stuck in one step for {self.step_timeout_s:.0f} s")
 
@@ -337,6 +362,7 @@ class ReplicaHandle:
             if self.state != ReplicaState.STOPPED:
                 self.state = ReplicaState(state)
             streams, self._streams = self._streams, {}
+            self._streaming.clear()
         for request_id, events in streams.items():
             events.put(RequestError(request_id, None, reason))
         if state == ReplicaState.FAILED:

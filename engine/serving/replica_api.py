@@ -85,6 +85,8 @@ class Replica(Protocol):
 
     def drain(self) -> None: ...
 
+    def kill(self, reason: str) -> int: ...  # stop now, failing residents; returns those mid-stream
+
     def stop(self) -> None: ...
 
 

@@ -29,9 +29,11 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.autoscaler import LEVERS as AUTOSCALER_LEVERS
 from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
+from engine.serving.defences import Defences
 from engine.serving.events import EventLog
 from engine.serving.fleet import SNAPSHOT_HZ, Fleet, FleetConfig
 from engine.serving.loadgen import draw_length
+from engine.serving.provisioning import SCALE_COUNTERS
 from engine.serving.router import AdmissionError, RouterConfig
 from engine.serving.shape import min_tensor_parallel
 from engine.serving.traffic import Ramp
@@ -61,6 +63,8 @@ class SimLab:
         self.spec, self.dep = check_sim(levers, {})
         self.min_tp = min_tensor_parallel({tp: fits(self.dep, tp) for tp in (1, 2, 4, 8)})
         self.levers = dict(levers)
+        # The serving layer's guards, one object for both pools; apply() changes it in place.
+        self.defences = Defences.from_levers(self.levers)
         self.on_snapshot = on_snapshot
         self.loop = EventLoop()
         self.clock = self.loop.clock
@@ -132,6 +136,7 @@ class SimLab:
         fleet = Fleet(
             config, router, pool, new_replica, self.clock, driver=self.loop,
             model=(self.dep.model.name, self.dep.model.cfg.max_position), events=self.events,
+            defences=self.defences,
         )
         booting[0] = False
         return fleet
@@ -222,6 +227,9 @@ class SimLab:
             if "rate_limit" in router:
                 router["rate_limit"] = router["rate_limit"] or None
             in_place = {k: changed[k] for k in IN_PLACE_LEVERS if k in changed}
+            defences = {k: changed[k] for k in Defences.names() if k in changed}
+            if defences:
+                self.defences.update(**defences)
             for fleet in fleets:
                 if router:
                     fleet.router.reconfigure(**router)
@@ -333,7 +341,7 @@ def merge_pools(prefill: dict[str, Any], decode: dict[str, Any]) -> dict[str, An
     hand-off queue."""
     out = dict(prefill)
     for key in ("queue_depth", "running", "waiting", "kv_used_blocks", "kv_total_blocks", "tokens_per_s",
-                "batch_size", "max_num_seqs", "preempted"):
+                "batch_size", "max_num_seqs", "preempted", *SCALE_COUNTERS):
         out[key] = prefill.get(key, 0) + decode.get(key, 0)
     for key in ("itl_p50", "itl_p99"):
         out[key] = decode.get(key)

@@ -152,6 +152,17 @@ class SimReplica:
         if self.state not in ENDED:  # a failed one stays failed
             self._end(ReplicaState.STOPPED, "replica stopped")
 
+    def kill(self, reason: str) -> int:
+        """Stopped at once (a scale-in without a drain): every request on it fails with `reason`.
+        Returns how many of them had already produced a token (a live stream would be cut
+        mid-sentence)."""
+        cut = sum(
+            1 for rid in self._streams if rid in self.engine.requests and self.engine.requests[rid].output_token_ids
+        )
+        if self.state not in ENDED:
+            self._end(ReplicaState.STOPPED, reason)
+        return cut
+
     def fail(self, reason: str) -> None:
         """A replica killed at a chosen time: its in-flight requests fail, its KV is gone."""
         self._end(ReplicaState.FAILED, reason)
