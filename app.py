@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("servelab.app").info(
         "levers: %s", "instructor only (SERVELAB_INSTRUCTOR_TOKEN)" if token else "anyone connected may move them"
     )
-    return serve_app(lab.fleet, create_app(lab, token), args.host, args.port, on_stop=lab.stop)
+    # The lab's clients reach the server as any user does, over HTTP (through the lab's proxy):
+    # told its URL once the port is bound.
+    return serve_app(lab.fleet, create_app(lab, token), args.host, args.port, on_stop=lab.stop, on_bound=lab.connect)
 
 
 if __name__ == "__main__":

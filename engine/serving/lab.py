@@ -337,6 +337,7 @@ class LiveLab:
         if sim is None:
             facts = self.facts()
             extra = self.traffic.clients.view().fields() | {"autoscaler": self.autoscaler.status()}
+            extra |= self.traffic.fields()
             readings = bottlenecks(levers, facts, snap)
             memory = int(self.fleet.engine_config.memory_cap_mb * MB)
             total = int(facts.get("param_bytes", 0)) * int(levers["tensor_parallel"])
@@ -345,6 +346,7 @@ class LiveLab:
         else:
             facts = sim.facts()
             extra = {"autoscaler": None if sim.autoscaler is None else sim.autoscaler.status(), "sim_time_s": snap["time"]}
+            extra |= sim_client_fields(sim)
             readings = bottlenecks(levers, facts, snap)
             memory, total, fits = int(facts["device_memory_gb"] * 1e9), facts["weight_bytes_total"], sim.min_tp
             device = str(levers["device"]).upper()
@@ -360,11 +362,31 @@ class LiveLab:
             "lab": lab,
         }
 
+    def connect(self, server_url: str) -> None:
+        """The lab's clients send over HTTP, through the lab's proxy, to this server (the
+        composition root passes its URL once bound); their counters go to /metrics too."""
+        self.traffic.connect(server_url, self.fleet.model_name)
+        if self.traffic.counts.prometheus_lines not in self.fleet.bus.text_sources:
+            self.fleet.bus.text_sources.append(self.traffic.counts.prometheus_lines)
+
     def stop(self) -> None:
         self.traffic.stop()
+        self.traffic.close()
         self.autoscaler.stop()
         if self.sim is not None:
             self.sim.stop()
+
+
+def sim_client_fields(sim: SimLab) -> dict[str, int]:
+    """The client counters in a simulated snapshot: its arrivals and refusals; its clients
+    neither give up nor pass a proxy."""
+    traffic = sim.traffic_state()
+    return {
+        "client_sent_total": int(traffic["sent"]),
+        "client_refused_total": int(traffic["refused"]),
+        "client_gave_up": 0,
+        "client_cut_before_first_token": 0,
+    }
 
 
 def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, device: str = "cpu") -> None:

@@ -31,6 +31,7 @@ READ_BYTES = 65536
 # Hop-by-hop headers (RFC 9110 7.6.1) are the proxy's own business: never forwarded.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host"}
 IDLE_TIMEOUT_CODE = "proxy_idle_timeout"
+VIA = "servelab-lab-proxy"  # the Via header it adds (RFC 9110 7.6.3): the server's log skips the lab's own traffic
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class LabProxy:
         sock = socket.create_connection((self.upstream_host, self.upstream_port), timeout=10.0)
         lines = [f"{method} {self.upstream_path}{path} HTTP/1.1", f"Host: {self.upstream_host}:{self.upstream_port}"]
         lines += [f"{name}: {value}" for name, value in headers if name.lower() not in HOP_BY_HOP]
-        lines += ["Connection: close", f"Content-Length: {len(body)}"]
+        lines += ["Connection: close", f"Content-Length: {len(body)}", f"Via: 1.1 {VIA}"]
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
         sock.setblocking(False)
         return sock
