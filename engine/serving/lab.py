@@ -164,6 +164,8 @@ class LiveLab:
             defences = {k: changed[k] for k in DEFENCES if k in changed}
             if defences:
                 self.fleet.defences.update(**defences)
+                if defences.get("cancel_on_disconnect"):
+                    self._cancel_orphans()
             in_place = {k: changed[k] for k in ENGINE_IN_PLACE if k in changed}
             if in_place:
                 self.fleet.reconfigure(**in_place)
@@ -176,6 +178,16 @@ class LiveLab:
             how = "rebuilding replicas" if rebuild else "applied in place"
             self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
         return {"changed": changed, "rebuild": bool(rebuild), "levers": dict(self.levers)}
+
+    def _cancel_orphans(self) -> None:
+        """cancel_on_disconnect back on: the requests left running for clients already gone
+        are cancelled now, so the damage stops with the defence (and their KV is freed)."""
+        router, bus = self.fleet.router, self.fleet.bus
+        for request_id in bus.gone_requests():
+            queued = request_id in router.queue  # no replica will report its end
+            router.abort(request_id)
+            if queued:
+                bus.forget_gone(request_id)
 
     def _set_sim(self, clean: dict[str, Any], source: str) -> dict[str, Any]:
         """The simulated fleet: entered (from the live levers plus the simulator's own), changed in

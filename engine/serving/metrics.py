@@ -123,6 +123,16 @@ class MetricsBus:
         with self._lock:
             self._gone.add(request_id)
 
+    def gone_requests(self) -> list[str]:
+        """Requests still running whose client has gone."""
+        with self._lock:
+            return list(self._gone)
+
+    def forget_gone(self, request_id: str) -> None:
+        """A gone request that will send no more (cancelled before it reached a replica)."""
+        with self._lock:
+            self._gone.discard(request_id)
+
     def _count_wasted(self, msg: StepMessage) -> None:
         for delta in msg.deltas:
             if delta.token_ids and delta.request_id in self._gone:

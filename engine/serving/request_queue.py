@@ -67,6 +67,9 @@ class RequestQueue:
     def __len__(self) -> int:
         return len(self._items)
 
+    def __contains__(self, request_id: object) -> bool:
+        return any(r.request_id == request_id for r in list(self._items))
+
     def offer(self, request: QueuedRequest) -> Admission:
         if len(self._items) >= self.cap:
             self.num_rejected += 1
