@@ -159,12 +159,12 @@ def test_serve_stream_flush_false_holds_the_stream_in_the_server_itself(live: Li
 
 def test_heartbeat_off_streams_waiting_in_the_queue_are_cut_before_their_first_token(live: Live) -> None:
     # One batch slot and 24-token answers at 2 req/s: requests wait in the queue for seconds,
-    # past the proxy's 1.5 s idle timeout; the heartbeat (every 0.3 s) keeps their streams open.
-    levers = {"max_num_seqs": 1, "output_tokens": 24, "request_rate": 2.0, "proxy_idle_timeout_s": 1.5}
+    # past the proxy's 1 s idle timeout; the heartbeat (every 0.1 s) keeps their streams open.
+    levers = {"max_num_seqs": 1, "output_tokens": 24, "request_rate": 2.0, "proxy_idle_timeout_s": 1.0}
     cuts = {}
     for heartbeat in (False, True):
         before = live.lab.snapshot(live.fleet.snapshot())["client_cut_before_first_token"]
-        start = flood(live, levers | {"heartbeat": heartbeat}, 4.0)
+        start = flood(live, levers | {"heartbeat": heartbeat}, 3.0)
         settle(live)
         after = live.lab.snapshot(live.fleet.snapshot())["client_cut_before_first_token"]
         outcomes = [a.outcome for a in attempts_since(live, start)]
@@ -229,7 +229,7 @@ def test_retry_jitter_off_refused_clients_return_in_synchronized_waves(live: Liv
         live.lab.set_levers(levers | {"retry_jitter": jitter})
         start = now()
         live.lab.traffic.burst(20)
-        time.sleep(9.0)
+        time.sleep(7.0)
         live.lab.set_levers({"client_retries": 0})  # the clients waiting to retry stop there
         retries = [a for a in attempts_since(live, start) if a.number >= 2]
         refused = [a.ended for a in retries if a.outcome == "refused"]
@@ -239,3 +239,54 @@ def test_retry_jitter_off_refused_clients_return_in_synchronized_waves(live: Liv
     print(shares)
     assert shares[False][0] >= 0.7 and shares[False][1] >= 0.7  # retries and refusals in waves
     assert shares[True][0] <= 0.35 and shares[True][1] <= 0.35  # spread out
+
+
+# the pieces on their own (no model) -----------------------------------------------------------------
+
+
+def test_retry_after_without_jitter_is_the_exact_drain_estimate_read_at_each_refusal() -> None:
+    from engine.clock import VirtualClock
+    from engine.sampling_params import SamplingParams
+    from engine.serving.defences import Defences
+    from engine.serving.request_queue import QueuedRequest, RequestQueue
+
+    clock, defences = VirtualClock(0.0), Defences()
+    queue = RequestQueue(cap=6, deadline_s=None, clock=clock, defences=defences)
+    for i in range(6):
+        assert queue.offer(QueuedRequest(f"r{i}", [1], SamplingParams())).admitted
+    for _ in range(2):  # two dequeues 1 s apart: 2 per 1 s measured, so 4 queued drain in 2 s
+        clock.advance(0.5)
+        queue.pop()
+    clock.advance(0.5)
+    jittered = {queue.retry_after() for _ in range(200)}
+    defences.update(retry_jitter=False)
+    exact = {queue.retry_after() for _ in range(200)}
+    assert exact == {2}  # every refused client told the same: they come back together
+    assert len(jittered) >= 3 and min(jittered) == 1  # full jitter: 1 .. twice the estimate
+
+
+def test_tokens_made_after_the_client_left_count_as_wasted_in_the_window() -> None:
+    from engine.clock import VirtualClock
+    from engine.sequence import RequestTimes
+    from engine.serving.messages import StepMessage, TokenDelta
+    from engine.serving.metrics import MetricsBus
+
+    clock = VirtualClock(100.0)
+    bus = MetricsBus(clock)
+
+    def step(finished: bool = False) -> None:
+        times = RequestTimes(arrival=99.0, tokens=[100.0] * 3)
+        delta = TokenDelta("r1", [7], "", finished, "length" if finished else None, 4, 0, times=times)
+        bus.observe(StepMessage(0, clock.now(), [delta]))
+        clock.advance(1.0)
+
+    step()
+    assert bus.wasted_tokens == 0
+    bus.client_gone("r1")
+    step()
+    step(finished=True)
+    assert bus.wasted_tokens == 2 and not bus.gone_requests()
+    assert bus.snapshot()["wasted_tokens_per_s"] == pytest.approx(2 / 30)
+    clock.advance(31.0)
+    assert bus.snapshot()["wasted_tokens_per_s"] == 0.0  # out of the window; the total stays
+    assert "servelab_wasted_tokens_total 2" in bus.prometheus_text("m")

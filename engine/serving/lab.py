@@ -36,6 +36,7 @@ from engine.serving.defences import Defences
 from engine.serving.envelope import MB, bottlenecks, envelope
 from engine.serving.events import EventLog
 from engine.serving.fleet import Fleet
+from engine.serving.lab_clients import simulated_client_fields
 from engine.serving.replica_api import SERVING
 from engine.serving.shape import shape_for
 from engine.serving.traffic import TrafficDriver
@@ -358,7 +359,7 @@ class LiveLab:
         else:
             facts = sim.facts()
             extra = {"autoscaler": None if sim.autoscaler is None else sim.autoscaler.status(), "sim_time_s": snap["time"]}
-            extra |= sim_client_fields(sim)
+            extra |= simulated_client_fields(sim.traffic_state())
             readings = bottlenecks(levers, facts, snap)
             memory, total, fits = int(facts["device_memory_gb"] * 1e9), facts["weight_bytes_total"], sim.min_tp
             device = str(levers["device"]).upper()
@@ -387,18 +388,6 @@ class LiveLab:
         self.autoscaler.stop()
         if self.sim is not None:
             self.sim.stop()
-
-
-def sim_client_fields(sim: SimLab) -> dict[str, int]:
-    """The client counters in a simulated snapshot: its arrivals and refusals; its clients
-    neither give up nor pass a proxy."""
-    traffic = sim.traffic_state()
-    return {
-        "client_sent_total": int(traffic["sent"]),
-        "client_refused_total": int(traffic["refused"]),
-        "client_gave_up": 0,
-        "client_cut_before_first_token": 0,
-    }
 
 
 def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, device: str = "cpu") -> None:

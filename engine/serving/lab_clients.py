@@ -105,6 +105,17 @@ class ClientCounts:
         ]
 
 
+def simulated_client_fields(traffic: dict[str, Any]) -> dict[str, int]:
+    """The same counters for a simulated fleet (its traffic_state): its arrivals and refusals;
+    its clients neither give up nor pass a proxy."""
+    return {
+        "client_sent_total": int(traffic["sent"]),
+        "client_refused_total": int(traffic["refused"]),
+        "client_gave_up": 0,
+        "client_cut_before_first_token": 0,
+    }
+
+
 class LabHttpClient:
     """A Target (engine/serving/loadgen.py) whose requests behave as `policy()` says."""
 
@@ -231,10 +242,11 @@ class _Hangup:
                 self._hang_up("stopped")
                 return
             waiting = self.patience_s > 0 and not self.record.token_times
-            if waiting and now() - start >= self.patience_s:
+            left = start + self.patience_s - now()
+            if waiting and left <= 0:
                 self._hang_up("gave_up")
                 return
-            self._finished.wait(0.02 if waiting else 0.2)
+            self._finished.wait(min(left, 0.5) if waiting else 0.5)  # wakes at the patience's end
 
     def _hang_up(self, why: str) -> None:
         self.why = why
