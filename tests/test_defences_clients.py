@@ -228,7 +228,7 @@ def test_retry_jitter_off_refused_clients_return_in_synchronized_waves(live: Liv
     for jitter in (False, True):
         live.lab.set_levers(levers | {"retry_jitter": jitter})
         start = now()
-        live.lab.traffic.burst(20)
+        records = live.lab.traffic.burst(20)
         time.sleep(7.0)
         live.lab.set_levers({"client_retries": 0})  # the clients waiting to retry stop there
         retries = [a for a in attempts_since(live, start) if a.number >= 2]
@@ -236,12 +236,35 @@ def test_retry_jitter_off_refused_clients_return_in_synchronized_waves(live: Liv
         assert len(retries) >= 10 and len(refused) >= 5, len(retries)
         shares[jitter] = (clustered_share([a.sent for a in retries]), clustered_share(refused))
         settle(live)
+        # A request served on a retry: its TTFT counts from its first attempt (Retry-After >= 1 s).
+        served_late = [r for r in records if r.status == "ok" and r.attempts >= 2]
+        assert all(r.ttft >= 1.0 for r in served_late), [r.ttft for r in served_late]  # type: ignore[operator]
+    counts = live.lab.traffic.counts
+    text = live.fleet.metrics_text()
+    assert f"servelab_client_requests_sent_total {counts.sent}" in text
+    assert f"servelab_client_requests_refused_total {counts.refused}" in text
+    snap = live.lab.snapshot(live.fleet.snapshot())
+    assert snap["client_sent_total"] == counts.sent and snap["client_refused_total"] == counts.refused
     print(shares)
     assert shares[False][0] >= 0.7 and shares[False][1] >= 0.7  # retries and refusals in waves
     assert shares[True][0] <= 0.35 and shares[True][1] <= 0.35  # spread out
 
 
 # the pieces on their own (no model) -----------------------------------------------------------------
+
+
+def test_serve_takes_stream_flush_as_a_flag() -> None:
+    import subprocess
+    import sys
+
+    def run(*flags: str) -> subprocess.CompletedProcess[str]:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        command = [sys.executable, "-m", "engine", "serve", *flags]
+        env = {**os.environ, "PYTHONPATH": root}
+        return subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, cwd=root, env=env)
+
+    bad = run("--stream-flush", "sometimes")  # argparse refuses it by name, before anything loads
+    assert bad.returncode == 2 and "argument --stream-flush: invalid" in bad.stderr, bad.stderr
 
 
 def test_retry_after_without_jitter_is_the_exact_drain_estimate_read_at_each_refusal() -> None:
