@@ -128,7 +128,7 @@ def _ttft_share(records: list[RequestRecord]) -> float:
 def test_stream_flush_off_clients_see_ttft_near_e2e_while_the_server_ttft_stays_small(live: Live) -> None:
     phases = {}
     for flush in (False, True):  # broken, then the defence back on
-        start = flood(live, {"stream_flush": flush, "request_rate": 1.5, "output_tokens": 40}, 4.0)
+        start = flood(live, {"stream_flush": flush, "request_rate": 2.0}, 3.0)
         settle(live)
         records = [r for r in records_since(live, start) if r.status == "ok"]
         # Per request, the server's TTFT (its `servelab` figures) over the one its client saw.
@@ -158,9 +158,9 @@ def test_serve_stream_flush_false_holds_the_stream_in_the_server_itself(live: Li
 
 
 def test_heartbeat_off_streams_waiting_in_the_queue_are_cut_before_their_first_token(live: Live) -> None:
-    # One batch slot and 24-token answers at 2 req/s: requests wait in the queue for seconds,
+    # One batch slot and 24-token answers at 2.5 req/s: requests wait in the queue for seconds,
     # past the proxy's 1 s idle timeout; the heartbeat (every 0.1 s) keeps their streams open.
-    levers = {"max_num_seqs": 1, "output_tokens": 24, "request_rate": 2.0, "proxy_idle_timeout_s": 1.0}
+    levers = {"max_num_seqs": 1, "output_tokens": 24, "request_rate": 2.5, "proxy_idle_timeout_s": 1.0}
     cuts = {}
     for heartbeat in (False, True):
         before = live.lab.snapshot(live.fleet.snapshot())["client_cut_before_first_token"]
@@ -223,7 +223,7 @@ def clustered_share(times: list[float], window_s: float = 0.2, others: int = 4) 
 def test_retry_jitter_off_refused_clients_return_in_synchronized_waves(live: Live) -> None:
     # 20 requests at once into a queue of 2 in front of one batch slot: most are refused, and
     # each client retries after its Retry-After, up to 6 times.
-    levers = {"max_num_seqs": 1, "output_tokens": 40, "queue_cap": 2, "client_retries": 6, "request_rate": 0.0}
+    levers = {"max_num_seqs": 1, "output_tokens": 24, "queue_cap": 2, "client_retries": 6, "request_rate": 0.0}
     shares = {}
     for jitter in (False, True):
         live.lab.set_levers(levers | {"retry_jitter": jitter})

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -189,7 +189,7 @@ def _complete(f: Fleet, out: Reply, events: queue.Queue) -> Response:
     return Response(json.dumps(out.completion()), mimetype="application/json")
 
 
-def _sse(f: Fleet, out: Reply, events: queue.Queue, ping_s: float) -> Iterator[str]:
+def _sse(f: Fleet, out: Reply, events: queue.Queue, ping_s: float) -> Generator[str, None, None]:
     by_id = {c.request_id: c for c in out.choices}
     client_left = False
     try:
@@ -235,7 +235,7 @@ def _run_on(f: Fleet, choices: list[Choice]) -> None:
             f.bus.client_gone(choice.request_id)
 
 
-def _held(stream: Iterator[str]) -> Iterator[str]:
+def _held(stream: Generator[str, None, None]) -> Iterator[str]:
     """SSE_FLUSH off: the stream's parts kept until it ends, then sent as one."""
     try:
         yield "".join(stream)

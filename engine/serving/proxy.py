@@ -4,7 +4,9 @@ and relays the response's bytes as they are, with two settings read live at ever
 
   stream_flush   on: each chunk goes on to the client as it arrives; off: the whole response is
                  held until the upstream finishes, then sent at once (nginx's proxy_buffering):
-                 a stream's first token reaches the user when its last one does.
+                 a stream's first token reaches the user when its last one does. (The
+                 server's `X-Accel-Buffering: no` is not heeded: a proxy configured to
+                 buffer regardless, as many load balancers are.)
   idle_timeout_s > 0: an upstream that sends no byte for this long is cut (nginx's
                  proxy_read_timeout). Nothing relayed yet: the client gets a 504; otherwise the
                  connection closes mid-stream. A server's `: ping` comments are bytes: they keep
