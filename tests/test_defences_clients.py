@@ -163,7 +163,8 @@ def test_stream_flush_off_clients_see_ttft_near_e2e_while_the_server_ttft_stays_
     print(phases)
     assert phases[False][0] >= 0.8  # held by the proxy: the first token reaches the user with the last
     assert phases[False][1] < 0.5  # while the server's own TTFT saw none of that wait
-    assert phases[True][0] < 0.5 and phases[True][1] > 0.8  # flushed: the two lines meet again
+    assert phases[True][0] < 0.5  # flushed: the first token comes long before the last
+    assert phases[True][1] > 0.5  # and the two lines meet again (within the HTTP hops of a short TTFT)
 
 
 def test_serve_stream_flush_false_holds_the_stream_in_the_server_itself(live: Live) -> None:
