@@ -281,8 +281,8 @@ def test_retry_jitter_off_refused_clients_return_in_synchronized_waves(live: Liv
     assert snap["client_sent_total"] == counts.sent and snap["client_refused_total"] == counts.refused
     print(shares)
     assert shares[False][0] >= 0.7 and shares[False][1] >= 0.7  # retries and refusals in waves
-    # Spread out: the same share for retries at random over the same seconds is ~0.1 (0.4 at worst
-    # in 200 draws of 40-50 retries over 3-4 s), so half is a wave no jitter-free run stays under.
+    # Spread out. Measured off: 0.9-1.0; 40-50 retries drawn at random over 3-4 s score ~0.1
+    # (0.4 at worst in 200 draws), so 0.5 tells the two apart.
     assert shares[True][0] <= 0.5 and shares[True][1] <= 0.5
 
 
