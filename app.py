@@ -27,6 +27,11 @@ from web.live import LiveChannel
 from web.pages import pages
 from web.whatif import whatif
 
+# The teaching app's heartbeat: its lab's proxy idle timeout (proxy_idle_timeout_s) goes down to
+# a few seconds in the lessons, and `: ping` must come more often than that for the heartbeat
+# defence to hold. (`python -m engine serve` keeps 10 s: vllm bench serve trips on lone comments.)
+LAB_PING_S = 2.0
+
 
 def build_lab(levers: dict | None = None, engine: dict | None = None, drain_timeout_s: float = 30.0) -> LiveLab:
     """The live engine behind the app: a fleet shaped by the levers (defaults where unset)."""
@@ -50,7 +55,7 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
 
 def create_app(lab: LiveLab, instructor_token: str | None = None) -> Flask:
     """Pages, API and the live stream over one LiveLab."""
-    app = create_api_app(lab.fleet)
+    app = create_api_app(lab.fleet, LAB_PING_S)
     app.extensions["servelab_lab"] = lab
     lessons = LessonLibrary()
     app.extensions["servelab_lessons"] = lessons
@@ -82,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("servelab.app").info(
         "levers: %s", "instructor only (SERVELAB_INSTRUCTOR_TOKEN)" if token else "anyone connected may move them"
     )
-    return serve_app(lab.fleet, create_app(lab, token), args.host, args.port, on_stop=lab.stop)
+    # The lab's clients reach the server as any user does, over HTTP (through the lab's proxy):
+    # told its URL once the port is bound.
+    return serve_app(lab.fleet, create_app(lab, token), args.host, args.port, on_stop=lab.stop, on_bound=lab.connect)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--sse-ping-s", type=float, default=10.0, help="interval of `: ping` on waiting streams")
     add_lever_flags(serve)
     add_defence_flags(serve)
+    # No lab proxy in `serve`: off, the server's own SSE writer holds each stream until it ends.
+    serve.add_argument(
+        "--stream-flush", type=parse_bool, default=LEVERS["stream_flush"].default, metavar="true|false",
+        help="off: the server holds each SSE stream until it ends (a buffering proxy's failure)",
+    )
     gen = sub.add_parser("generate", help="stream a completion for one prompt")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")

@@ -11,11 +11,14 @@ from engine.serving.fleet import Fleet
 from web.openai_api import DEFAULT_PING_S, MAX_BODY_BYTES, api
 
 
-def create_api_app(fleet: Fleet, sse_ping_s: float = DEFAULT_PING_S) -> Flask:
+def create_api_app(fleet: Fleet, sse_ping_s: float = DEFAULT_PING_S, stream_flush: bool = True) -> Flask:
+    """stream_flush False: each SSE stream is held and sent whole when it ends (`serve
+    --stream-flush false`)."""
     root = Path(__file__).resolve().parent.parent  # templates/ and static/ live at the top level
     app = Flask(__name__, static_folder=str(root / "static"), template_folder=str(root / "templates"))
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.config["SSE_PING_S"] = sse_ping_s
+    app.config["SSE_FLUSH"] = stream_flush
     app.extensions["servelab_fleet"] = fleet
     app.register_blueprint(api)
     return app

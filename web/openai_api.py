@@ -1,14 +1,22 @@
 """The OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions, /v1/models, /health,
 /ready, /metrics. Streams are SSE, each chunk flushed as it is made; `: ping` comments keep a
 waiting stream alive; an error after the first token goes in-band; a client that disconnects
-aborts its request on the replica."""
+aborts its request on the replica.
+
+Three of those are defences a learner can switch off (issue 15), read at the moment they act:
+`heartbeat` (fleet.defences: no `: ping`, so an idle-timeout proxy cuts a waiting stream),
+`cancel_on_disconnect` (fleet.defences: a client that hangs up leaves its request running to
+the end, every token after it left counted as wasted), and the app's SSE_FLUSH (`python -m
+engine serve --stream-flush false`: the whole stream is held and sent when it ends, the
+buffering proxy's failure one hop further in; the teaching app's lab puts its own proxy in
+front instead)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import queue
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -134,8 +142,9 @@ def _generate(kind: str) -> Response:
         _abort(f, out.choices)  # all or none: the ones already admitted stop
         raise
     if req.stream:
+        stream = _sse(f, out, events, current_app.config.get("SSE_PING_S", DEFAULT_PING_S))
         return Response(
-            _sse(f, out, events, current_app.config.get("SSE_PING_S", DEFAULT_PING_S)),
+            stream if current_app.config.get("SSE_FLUSH", True) else _held(stream),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
@@ -180,14 +189,16 @@ def _complete(f: Fleet, out: Reply, events: queue.Queue) -> Response:
     return Response(json.dumps(out.completion()), mimetype="application/json")
 
 
-def _sse(f: Fleet, out: Reply, events: queue.Queue, ping_s: float) -> Iterator[str]:
+def _sse(f: Fleet, out: Reply, events: queue.Queue, ping_s: float) -> Generator[str, None, None]:
     by_id = {c.request_id: c for c in out.choices}
+    client_left = False
     try:
         while not all(c.finished for c in out.choices):
             try:
                 event = events.get(timeout=ping_s)
             except queue.Empty:
-                yield ": ping\n\n"
+                if f.defences.heartbeat:  # off: not a byte while the request waits
+                    yield ": ping\n\n"
                 continue
             choice = by_id[event.request_id]
             if isinstance(event, RequestError):
@@ -206,8 +217,30 @@ def _sse(f: Fleet, out: Reply, events: queue.Queue, ping_s: float) -> Iterator[s
             if out.req.include_usage:
                 yield _data(out.usage_chunk())
         yield "data: [DONE]\n\n"
-    finally:  # the client went away (GeneratorExit at a yield), or one choice failed: stop the rest
-        _abort(f, out.choices)
+    except GeneratorExit:  # the client went away: a write failed at a yield
+        client_left = True
+        raise
+    finally:  # the client went away, or one choice failed: stop the rest
+        if client_left and not f.defences.cancel_on_disconnect:
+            _run_on(f, out.choices)
+        else:
+            _abort(f, out.choices)
+
+
+def _run_on(f: Fleet, choices: list[Choice]) -> None:
+    """cancel_on_disconnect off: the scheduler never hears the client left; what its requests
+    make from here on is counted as wasted, and they run to their end."""
+    for choice in choices:
+        if choice.submitted and not choice.finished:
+            f.bus.client_gone(choice.request_id)
+
+
+def _held(stream: Generator[str, None, None]) -> Iterator[str]:
+    """SSE_FLUSH off: the stream's parts kept until it ends, then sent as one."""
+    try:
+        yield "".join(stream)
+    finally:
+        stream.close()  # a stream never read to its end still stops its requests
 
 
 def _data(obj: dict[str, Any]) -> str:

@@ -51,6 +51,13 @@ class ClientLatency:
         with self._lock:
             self._records.append(record)
 
+    def recent(self, since: float | None = None) -> list[RequestRecord]:
+        """The records still tracked (in flight, or ended within the window), sent at or after
+        `since` when given (the clients' clock)."""
+        with self._lock:
+            records = list(self._records)
+        return [r for r in records if since is None or (r.send_time is not None and r.send_time >= since)]
+
     def view(self) -> ClientView:
         now = self.clock()
         since = now - self.window_s

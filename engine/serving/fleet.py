@@ -93,6 +93,7 @@ class Fleet(Provisioning):
         router_config.block_size = engine_config.block_size
         router_config.max_model_len = min(engine_config.max_model_len or self.context_length, self.context_length)
         self.router = Router([], router_config, clock, events=self.events, dispatch_thread=False)
+        self.router.queue.defences = self.defences  # Retry-After's jitter reads retry_jitter at each refusal
         self.replicas: list[Any] = []  # serving, or starting to
         self.retiring: list[Any] = []  # draining: no new work, finishing their residents
         self.warm: list[Any] = []  # the warm pool: loaded (or loading), idle, not routed to

@@ -36,6 +36,7 @@ from engine.serving.defences import Defences
 from engine.serving.envelope import MB, bottlenecks, envelope
 from engine.serving.events import EventLog
 from engine.serving.fleet import Fleet
+from engine.serving.lab_clients import simulated_client_fields
 from engine.serving.replica_api import SERVING
 from engine.serving.shape import shape_for
 from engine.serving.traffic import TrafficDriver
@@ -164,6 +165,8 @@ class LiveLab:
             defences = {k: changed[k] for k in DEFENCES if k in changed}
             if defences:
                 self.fleet.defences.update(**defences)
+                if defences.get("cancel_on_disconnect"):
+                    self._cancel_orphans()
             in_place = {k: changed[k] for k in ENGINE_IN_PLACE if k in changed}
             if in_place:
                 self.fleet.reconfigure(**in_place)
@@ -176,6 +179,16 @@ class LiveLab:
             how = "rebuilding replicas" if rebuild else "applied in place"
             self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
         return {"changed": changed, "rebuild": bool(rebuild), "levers": dict(self.levers)}
+
+    def _cancel_orphans(self) -> None:
+        """cancel_on_disconnect back on: the requests left running for clients already gone
+        are cancelled now, so the damage stops with the defence (and their KV is freed)."""
+        router, bus = self.fleet.router, self.fleet.bus
+        for request_id in bus.gone_requests():
+            queued = request_id in router.queue  # no replica will report its end
+            router.abort(request_id)
+            if queued:
+                bus.forget_gone(request_id)
 
     def _set_sim(self, clean: dict[str, Any], source: str) -> dict[str, Any]:
         """The simulated fleet: entered (from the live levers plus the simulator's own), changed in
@@ -337,6 +350,7 @@ class LiveLab:
         if sim is None:
             facts = self.facts()
             extra = self.traffic.clients.view().fields() | {"autoscaler": self.autoscaler.status()}
+            extra |= self.traffic.fields()
             readings = bottlenecks(levers, facts, snap)
             memory = int(self.fleet.engine_config.memory_cap_mb * MB)
             total = int(facts.get("param_bytes", 0)) * int(levers["tensor_parallel"])
@@ -345,6 +359,7 @@ class LiveLab:
         else:
             facts = sim.facts()
             extra = {"autoscaler": None if sim.autoscaler is None else sim.autoscaler.status(), "sim_time_s": snap["time"]}
+            extra |= simulated_client_fields(sim.traffic_state())
             readings = bottlenecks(levers, facts, snap)
             memory, total, fits = int(facts["device_memory_gb"] * 1e9), facts["weight_bytes_total"], sim.min_tp
             device = str(levers["device"]).upper()
@@ -360,8 +375,16 @@ class LiveLab:
             "lab": lab,
         }
 
+    def connect(self, server_url: str) -> None:
+        """The lab's clients send over HTTP, through the lab's proxy, to this server (the
+        composition root passes its URL once bound); their counters go to /metrics too."""
+        self.traffic.connect(server_url, self.fleet.model_name)
+        if self.traffic.counts.prometheus_lines not in self.fleet.bus.text_sources:
+            self.fleet.bus.text_sources.append(self.traffic.counts.prometheus_lines)
+
     def stop(self) -> None:
         self.traffic.stop()
+        self.traffic.close()
         self.autoscaler.stop()
         if self.sim is not None:
             self.sim.stop()

@@ -210,6 +210,9 @@ class HttpTarget:
                 record.token(t)  # counts chunks: the fallback when no usage arrives
             if chunk.get("usage"):
                 usage_tokens = chunk["usage"].get("completion_tokens")
+            timing = chunk.get("servelab")  # ServeLab's own figures, on a choice's last chunk
+            if isinstance(timing, dict) and isinstance(timing.get("ttft_s"), (int, float)):
+                record.server_ttft_s = float(timing["ttft_s"])
         record.fail("the stream ended before data: [DONE]")
 
 

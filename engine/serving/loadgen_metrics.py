@@ -27,23 +27,29 @@ class RequestRecord:
     request_id: str
     prompt_tokens: int
     max_tokens: int
-    status: str = "pending"  # pending, ok, failed, rejected
-    send_time: float | None = None  # perf_counter seconds
+    status: str = "pending"  # pending, ok, failed, rejected, gave_up (the client's patience ran out)
+    send_time: float | None = None  # perf_counter seconds, of the first attempt (what a user waits from)
     token_times: list[float] = field(default_factory=list)  # every chunk that carried tokens
     end_time: float | None = None
     output_tokens: int = 0
     error: str | None = None
     http_status: int | None = None
     retry_after_s: float | None = None
+    attempts: int = 0  # sends of this request: 1, plus one per retry after a 429
+    server_ttft_s: float | None = None  # what the server measured (ServeLab's `servelab` extension), if it said
     _counted: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # writes (targets and runner) --------------------------------------------------------------
 
     def start(self, now: float) -> None:
+        """An attempt goes out; the first one's time is the request's send time, so a retried
+        request's TTFT and e2e count every wait its user sat through."""
         with self._lock:
             if self.status == "pending":
-                self.send_time = now
+                self.attempts += 1
+                if self.send_time is None:
+                    self.send_time = now
 
     def token(self, now: float, count: int = 1) -> None:
         with self._lock:
@@ -67,6 +73,12 @@ class RequestRecord:
         with self._lock:
             if self.status == "pending":
                 self.status, self.error, self.http_status = "failed", message, http_status
+
+    def give_up(self, message: str) -> None:
+        """The client stopped waiting and hung up (its patience ran out)."""
+        with self._lock:
+            if self.status == "pending":
+                self.status, self.error = "gave_up", message
 
     def reject(self, http_status: int, retry_after_s: float | None, message: str) -> None:
         with self._lock:
@@ -116,6 +128,8 @@ class RequestRecord:
             "error": self.error,
             "http_status": self.http_status,
             "retry_after_s": self.retry_after_s,
+            "attempts": self.attempts,
+            "server_ttft_ms": _ms(self.server_ttft_s) if self.server_ttft_s is not None else None,
         }
 
 

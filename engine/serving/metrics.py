@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
@@ -71,7 +72,10 @@ class MetricsBus:
         }
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self.wasted_tokens = 0  # generated for requests that were then cancelled
+        self.wasted_tokens = 0  # generated for requests that were then cancelled, or whose client had gone
+        self._gone: set[str] = set()  # requests running on after their client hung up (client_gone)
+        self._recent_wasted: deque[tuple[float, int]] = deque()
+        self.text_sources: list[Callable[[], list[str]]] = []  # more Prometheus lines (the lab's clients)
         self.replica_stats: dict[int, dict[str, Any]] = {}
         self._recent_ttft: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
         self._recent_itl: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
@@ -93,19 +97,57 @@ class MetricsBus:
             self.generation_tokens += produced
             if produced:
                 self._recent_tokens.append((msg.time, produced))
+            self._count_wasted(msg)
             for delta in msg.deltas:
                 if delta.first_token and delta.times:
                     self._first_token(delta.times, msg.time)
                 if not delta.finished:
                     continue
                 n = len(delta.times.tokens) if delta.times else 0
+                if delta.request_id in self._gone:  # its tokens were counted as they came
+                    self._gone.discard(delta.request_id)
+                elif delta.finish_reason == "abort":
+                    self._waste(msg.time, n)
                 if delta.finish_reason == "abort":
-                    self.wasted_tokens += n
                     self.events.emit("cancelled", f"{delta.request_id} cancelled", id=delta.request_id)
                 else:
                     self.events.emit("finished", f"{delta.request_id} finished ({n} tokens)", id=delta.request_id)
                 if delta.times:
                     self._finish(delta.num_prompt_tokens, delta.times, msg.time)
+
+    # wasted work (issue 15: cancel_on_disconnect) ------------------------------------------------
+
+    def client_gone(self, request_id: str) -> None:
+        """The request's client hung up and the request runs on (cancel_on_disconnect off):
+        every token it makes from now on is wasted."""
+        with self._lock:
+            self._gone.add(request_id)
+
+    def gone_requests(self) -> list[str]:
+        """Requests still running whose client has gone."""
+        with self._lock:
+            return list(self._gone)
+
+    def forget_gone(self, request_id: str) -> None:
+        """A gone request that will send no more (cancelled before it reached a replica)."""
+        with self._lock:
+            self._gone.discard(request_id)
+
+    def _count_wasted(self, msg: StepMessage) -> None:
+        for delta in msg.deltas:
+            if delta.token_ids and delta.request_id in self._gone:
+                self._waste(msg.time, len(delta.token_ids))
+
+    def _waste(self, now: float, tokens: int) -> None:
+        self.wasted_tokens += tokens
+        if tokens:
+            self._recent_wasted.append((now, tokens))
+
+    def wasted_fields(self, now: float) -> dict[str, float]:
+        """`wasted_tokens_per_s`: tokens made for clients already gone, over the window."""
+        while self._recent_wasted and now - self._recent_wasted[0][0] > WINDOW_S:
+            self._recent_wasted.popleft()
+        return {"wasted_tokens_per_s": sum(n for _, n in self._recent_wasted) / WINDOW_S}
 
     def forget(self, replica_id: int) -> None:
         """A retired replica's last stats no longer count toward the fleet's running totals."""
@@ -174,7 +216,7 @@ class MetricsBus:
                 # Tensor parallelism: the slowest replica's time in all-reduces per step.
                 "allreduce_ms": max((s.get("allreduce_ms_per_step", 0.0) for s in stats), default=0.0),
                 "max_num_seqs": sum(s.get("max_num_seqs", 0) for s in stats),
-            }
+            } | self.wasted_fields(now)
 
     def prometheus_text(
         self,
@@ -207,6 +249,8 @@ class MetricsBus:
         for state, count in sorted(snap["replicas"].items()):
             lines.append(f'servelab_replicas{{state="{state}"}} {count}')
         lines.append(f"servelab_wasted_tokens_total {self.wasted_tokens}")
+        for source in list(self.text_sources):
+            lines += source()
         return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,8 @@
 """The one central request queue in front of the fleet: bounded, with deadlines.
 
 A full queue refuses with a Retry-After computed from the measured drain rate, with full
-jitter, so refused clients do not come back as one wave. A request's arrival time is stamped
+jitter, so refused clients do not come back as one wave (the defence `retry_jitter`: off, it is
+the exact drain estimate, and clients refused together return together). A request's arrival time is stamped
 here, once, at the moment it is admitted: it travels with the request to its replica, so TTFT,
 queue time and e2e latency all include the wait in this queue. The deadline counts from it and
 is checked again at dequeue, so a request whose client has given up never buys a prefill."""
@@ -16,6 +17,7 @@ from typing import Any
 
 from engine.clock import Clock
 from engine.sampling_params import SamplingParams
+from engine.serving.defences import Defences
 
 DRAIN_WINDOW_S = 10.0  # dequeues counted over this window to estimate the drain rate
 
@@ -39,13 +41,22 @@ class Admission:
 
 
 class RequestQueue:
-    def __init__(self, cap: int, deadline_s: float | None, clock: Clock, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        cap: int,
+        deadline_s: float | None,
+        clock: Clock,
+        rng: random.Random | None = None,
+        defences: Defences | None = None,
+    ) -> None:
+        """defences: the fleet's (read at each refusal: retry_jitter); None: all on."""
         if cap < 1:
             raise ValueError("queue_cap must be at least 1")
         self.cap = cap
         self.deadline_s = deadline_s
         self.clock = clock
         self.rng = rng or random.Random()
+        self.defences = Defences() if defences is None else defences
         self._items: deque[QueuedRequest] = deque()
         self._dequeued_at: deque[float] = deque()
         self._expired: list[QueuedRequest] = []
@@ -55,6 +66,9 @@ class RequestQueue:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    def __contains__(self, request_id: object) -> bool:
+        return any(r.request_id == request_id for r in list(self._items))
 
     def offer(self, request: QueuedRequest) -> Admission:
         if len(self._items) >= self.cap:
@@ -105,8 +119,11 @@ class RequestQueue:
 
     def retry_after(self) -> int:
         """Whole seconds, drawn uniformly from 1 to twice the expected wait for the queue to
-        drain (full jitter), so the refused spread out instead of returning together."""
+        drain (full jitter), so the refused spread out instead of returning together; with
+        retry_jitter off, the expected wait itself (rounded up, at least 1)."""
         expected = len(self._items) / self.drain_rate()
+        if not self.defences.retry_jitter:
+            return max(1, math.ceil(expected))
         return self.rng.randint(1, max(2, math.ceil(2 * expected)))
 
     def _expire(self) -> None:

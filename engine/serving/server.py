@@ -14,11 +14,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 from engine.config import EngineConfig
 from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
+from engine.serving.proxy import VIA
 from engine.serving.router import RouterConfig
 
 log = logging.getLogger("servelab.server")
@@ -41,13 +42,24 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
         "API keys: %s",
         "required (SERVELAB_API_KEYS)" if keys else "none: the API is open (localhost classroom default)",
     )
-    return serve_app(fleet, create_api_app(fleet, args.sse_ping_s), args.host, args.port)
+    app = create_api_app(fleet, args.sse_ping_s, stream_flush=args.stream_flush)
+    return serve_app(fleet, app, args.host, args.port)
 
 
-def serve_app(fleet: Fleet, app: Any, host: str, port: int, on_stop: Callable[[], None] | None = None) -> int:
+def serve_app(
+    fleet: Fleet,
+    app: Any,
+    host: str,
+    port: int,
+    on_stop: Callable[[], None] | None = None,
+    on_bound: Callable[[str], None] | None = None,
+) -> int:
     """Serve a WSGI app over this fleet until SIGTERM or SIGINT, then drain: /ready turns 503,
-    queued and running requests finish (up to the drain timeout), the replicas stop."""
-    server = make_server(host, port, app, threaded=True)
+    queued and running requests finish (up to the drain timeout), the replicas stop.
+    on_bound(url): told the server's base URL once its port is bound (the lab's clients)."""
+    server = make_server(host, port, app, threaded=True, request_handler=RequestLog)
+    if on_bound is not None:
+        on_bound(local_url(host, server.port))
     stopping = threading.Event()
 
     def on_sigterm(signum: int, frame: object) -> None:
@@ -83,3 +95,19 @@ def serve_app(fleet: Fleet, app: Any, host: str, port: int, on_stop: Callable[[]
             fleet.stop()
     log.info("stopped")
     return 0
+
+
+class RequestLog(WSGIRequestHandler):
+    """werkzeug's access log, less the lab's own clients (they come through the lab's proxy,
+    which says so in Via): a flood of 20 req/s would bury everything else."""
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        if VIA not in (self.headers.get("Via") or ""):
+            super().log_request(code, size)
+
+
+def local_url(host: str, port: int) -> str:
+    """This machine's way to the server: a wildcard bind is reached on loopback."""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -3,10 +3,15 @@ follow the levers while it runs, with an optional linear ramp (the "flood").
 
 Each arrival draws its gap from the same gamma distribution as the benchmark load generator
 (Poisson at burstiness 1): next_gap() and next_request() are the steps, read at the clock's
-now(); live, a thread waits out each gap and every request runs on its own thread through
-RouterTarget (a client holding its stream), so flood requests wait in the same central queue
-as every HTTP request. The driver is the lab's client: it times
-each request at its own end of the stream (`clients`), the user's view beside the server's."""
+now(); live, a thread waits out each gap and every request runs on its own thread.
+
+Where the lab knows its server's URL (connect(): the composition root passes it once the server
+is bound), each request goes over HTTP like any user's: the lab's clients (lab_clients.py:
+patience, retries after a 429) stream /v1/completions through the lab's proxy (proxy.py:
+stream_flush, proxy_idle_timeout_s), a real hop in front of the server, all read live from the
+levers. Without a server (a LiveLab built in a unit test), RouterTarget sends in process, into
+the same central queue. The driver times each request at its own end of the stream
+(`clients`), the user's view beside the server's, and counts its attempts (`counts`)."""
 
 from __future__ import annotations
 
@@ -19,8 +24,10 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.serving.client_stats import ClientLatency
-from engine.serving.loadgen import VOCAB, LoadRequest, RouterTarget, draw_length
+from engine.serving.lab_clients import Attempt, ClientCounts, ClientPolicy, LabHttpClient
+from engine.serving.loadgen import VOCAB, LoadRequest, RouterTarget, Target, draw_length, now
 from engine.serving.loadgen_metrics import RequestRecord
+from engine.serving.proxy import LabProxy, ProxySettings
 from engine.serving.router import Router
 
 MAX_IN_FLIGHT = 512  # client threads: past this the generator waits, so the web process stays light
@@ -39,7 +46,9 @@ class Ramp:
 
 
 class TrafficDriver:
-    """`levers()` returns the current request_rate, prompt_tokens, output_tokens, burstiness."""
+    """`levers()` returns the lab's current levers: request_rate, prompt_tokens, output_tokens,
+    burstiness; over HTTP also stream_flush, proxy_idle_timeout_s, client_patience_s,
+    client_retries and retry_jitter."""
 
     def __init__(
         self,
@@ -49,18 +58,57 @@ class TrafficDriver:
         clock: Clock = WALL_CLOCK,
         seed: int = 0,
     ) -> None:
-        self._target = RouterTarget(router, api_key)
+        self._target: Target = RouterTarget(router, api_key)
+        self._api_key = api_key
+        self.proxy: LabProxy | None = None
         self._levers = levers
         self.clock = clock
         self.rng = random.Random(seed)
         self.ramp: Ramp | None = None
-        self.sent = 0
-        self.refused = 0
+        self.sent = 0  # requests (a retried one once); counts.sent counts attempts
+        self.counts = ClientCounts()
         self.clients = ClientLatency()
         self._in_flight = threading.Semaphore(MAX_IN_FLIGHT)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._run_id = uuid.uuid4().hex[:6]
+
+    @property
+    def refused(self) -> int:
+        """429s the clients received (a retried request may add several)."""
+        return self.counts.refused
+
+    @property
+    def target_url(self) -> str | None:
+        """Where requests go: the proxy's URL (in front of the server), or None in process."""
+        return None if self.proxy is None else self.proxy.base_url
+
+    def connect(self, server_url: str, model: str) -> None:
+        """From now on send over HTTP, through the lab's proxy, to the server at server_url
+        (a base URL: the app's own server, or issue 17's remote one)."""
+        self.close()
+        self.proxy = LabProxy(server_url, self.proxy_settings).start()
+        self._target = LabHttpClient(
+            self.proxy.base_url, model, self.client_policy, self.counts, self._api_key, random.Random(self.rng.random())
+        )
+
+    def client_policy(self) -> ClientPolicy:
+        """Read at each attempt: a lever moved mid-request applies from the next try."""
+        return ClientPolicy.from_levers(self._levers())
+
+    def proxy_settings(self) -> ProxySettings:
+        levers = self._levers()
+        return ProxySettings(bool(levers["stream_flush"]), float(levers["proxy_idle_timeout_s"]))
+
+    def close(self) -> None:
+        """Stop the proxy (requests still in it are cut); the driver sends in process after this."""
+        if self.proxy is not None:
+            self.proxy.stop()
+            self.proxy = None
+
+    def fields(self) -> dict[str, int]:
+        """The live snapshot's client counters."""
+        return self.counts.fields()
 
     @property
     def running(self) -> bool:
@@ -119,12 +167,28 @@ class TrafficDriver:
                 continue
             threading.Thread(target=self._send, args=(self.next_request(),), daemon=True).start()
 
-    def _send(self, request: LoadRequest) -> None:
-        record = RequestRecord(0, request.request_id, len(request.prompt_token_ids), request.max_tokens)
+    def burst(self, count: int) -> list[RequestRecord]:
+        """Send `count` requests at once, beside any flood (a spike, an outage's backlog
+        returning): their records, filled in as they run."""
+        records = []
+        for _ in range(count):
+            if not self._in_flight.acquire(timeout=1.0):
+                break
+            request = self.next_request()
+            record = RequestRecord(0, request.request_id, len(request.prompt_token_ids), request.max_tokens)
+            records.append(record)
+            threading.Thread(target=self._send, args=(request, record), daemon=True).start()
+        return records
+
+    def _send(self, request: LoadRequest, record: RequestRecord | None = None) -> None:
+        record = record or RequestRecord(0, request.request_id, len(request.prompt_token_ids), request.max_tokens)
         self.clients.track(record)
+        target = self._target
         try:
             # Flood requests are never cut when the flood stops: the stop event stays clear.
-            self._target.send(request, record, threading.Event())
-            self.refused += record.status == "rejected"
+            target.send(request, record, threading.Event())
+            if not isinstance(target, LabHttpClient):  # in process: one attempt, counted here
+                outcome = {"ok": "ok", "rejected": "refused"}.get(record.status, "failed")
+                self.counts.record(Attempt(record.send_time or now(), 1, outcome, now()))
         finally:
             self._in_flight.release()
