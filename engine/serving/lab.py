@@ -92,6 +92,7 @@ class LiveLab:
         self.devices = live_devices(fleet.engine_config.device)
         check_live(self.levers, self.levers, self.devices, fleet.engine_config.device)
         self.levers["executor"] = "live"  # the lab starts live; `executor` switches it (set_levers)
+        fleet.defences.update(**{key: self.levers[key] for key in DEFENCES})  # the levers' one source
         self.sim_levers = dict(self.levers)  # the simulated fleet's, kept across switches
         self.sim: SimLab | None = None
         self.run = 0  # which fleet the stream shows: a new one per switch or simulated rebuild
