@@ -124,7 +124,10 @@ class LLMEngine:
         if self.shard_group is not None:
             self.shard_group.start(self.model, memory.weight_bytes, memory.num_blocks)
             runner.on_step = self.shard_group.send_step
-        if config.compile:
+        self.model.batch_invariant = config.batch_invariant
+        if config.compile and config.batch_invariant:  # Inductor would fuse the split matmuls back
+            log.info("compile: skipped (batch_invariant keeps the eager, row-tiled matmuls)")
+        elif config.compile:
             compile_model(self.model, runner.kv_caches)
         return Executor(Path(path).name, self.model.cfg, memory, runner, tokenizer)
 

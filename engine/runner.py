@@ -39,6 +39,9 @@ class ModelRunner:
         self.eos_token_ids = list(cfg.eos_token_ids)  # masked while a request is under min_tokens
         # Tensor parallelism: rank 0 sends each step's batch to the other ranks before running it.
         self.on_step: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], None] | None = None
+        # The latest step's raw logits (a reference, no copy) and whose each row is: how the
+        # batch_invariant check compares a prompt's logits alone and inside a full batch.
+        self.last_logits: tuple[list[str], torch.Tensor] | None = None
 
     def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
         """echo: the logprob of each prompt token given the ones before it, from this chunk's
@@ -82,6 +85,7 @@ class ModelRunner:
             return {}
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
         ids = [s.request_id for s in to_sample]
+        self.last_logits = (ids, logits)
         processed = process_logits(logits, to_sample, self.eos_token_ids)
         tokens = self.sampler.sample(processed, [s.params for s in to_sample], ids)
         wanted = [r for r, s in enumerate(to_sample) if s.params.logprobs is not None]

@@ -75,7 +75,19 @@ class DecoderLayer(nn.Module):
         self.packed: dict[str, torch.Tensor] = {}  # oneDNN-blocked copies, see Llama.prepack
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+# batch_invariant: the most rows one GEMM call takes. oneDNN's bf16 GEMM on this CPU (AVX-512/AMX)
+# gives every row the same bits for any M up to 32 (its small-M kernel) and switches its blocking
+# past 32, so a token's outputs then depend on how many other tokens share its step (measured by
+# bench/batch_invariance.py; tests/test_failures_batch_invariance.py checks it). Splitting the
+# step's rows into calls of at most this many makes each row's reduction order independent of it.
+INVARIANT_ROWS = 32
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None, invariant: bool = False
+) -> torch.Tensor:
+    if invariant and x.shape[0] > INVARIANT_ROWS:
+        return torch.cat([linear(rows, weight, packed) for rows in x.split(INVARIANT_ROWS)])
     if packed is None:
         return F.linear(x, weight)
     if torch.compiler.is_compiling():  # only with the C++ op loaded (engine/model/compile.py)
@@ -100,6 +112,8 @@ class Llama(nn.Module):
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         # forward_varlen through Inductor (engine/model/compile.py), when the engine compiles.
         self.compiled_forward: Callable[..., torch.Tensor] | None = None
+        # The batch_invariant lever: every matmul in calls of at most INVARIANT_ROWS rows.
+        self.batch_invariant = False
 
     def prepack(self) -> bool:
         """bf16 on CPU: keep each matmul weight also in oneDNN's blocked layout, which ran decode
@@ -174,18 +188,19 @@ class Llama(nn.Module):
         attend: Callable[..., torch.Tensor],
     ) -> torch.Tensor:
         cfg = self.cfg
-        eps = cfg.rms_norm_eps
+        eps, inv = cfg.rms_norm_eps, self.batch_invariant
         h = F.embedding(input_ids, self.embed)
         cos = self.rope_cos.index_select(0, positions).to(h.dtype)
         sin = self.rope_sin.index_select(0, positions).to(h.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             p = layer.packed
             x = F.rms_norm(h, (cfg.hidden_size,), layer.input_norm, eps)
-            qkv = linear(x, layer.qkv, p.get("qkv"))
-            h = h + self._reduce(linear(self._attention(qkv, cos, sin, attend, k_cache, v_cache), layer.o, p.get("o")))
+            qkv = linear(x, layer.qkv, p.get("qkv"), inv)
+            attended = self._attention(qkv, cos, sin, attend, k_cache, v_cache)
+            h = h + self._reduce(linear(attended, layer.o, p.get("o"), inv))
             x = F.rms_norm(h, (cfg.hidden_size,), layer.post_norm, eps)
-            gate, up = linear(x, layer.gate_up, p.get("gate_up")).chunk(2, dim=-1)
-            h = h + self._reduce(linear(F.silu(gate) * up, layer.down, p.get("down")))
+            gate, up = linear(x, layer.gate_up, p.get("gate_up"), inv).chunk(2, dim=-1)
+            h = h + self._reduce(linear(F.silu(gate) * up, layer.down, p.get("down"), inv))
         return h
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
@@ -193,7 +208,7 @@ class Llama(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         x = F.rms_norm(hidden, (self.cfg.hidden_size,), self.norm, self.cfg.rms_norm_eps)
-        return linear(x, self.lm_head, self.packed_lm_head).float()
+        return linear(x, self.lm_head, self.packed_lm_head, self.batch_invariant).float()
 
     def _attention(
         self,
