@@ -100,7 +100,7 @@ class Fleet:
         self.bus = MetricsBus(clock, events=self.events)
         router_config.block_size = engine_config.block_size
         router_config.max_model_len = min(engine_config.max_model_len or self.context_length, self.context_length)
-        self.router = Router([], router_config, clock, events=self.events, dispatch_thread=False)
+        self.router = Router([], router_config, clock, events=self.events, dispatch_thread=False, defences=self.defences)
         self.replicas: list[Any] = []  # serving, or starting to
         self.retiring: list[Any] = []  # draining: no new work, finishing their residents
         self.warm: list[Any] = []  # the warm pool: loaded (or loading), idle, not routed to
@@ -370,7 +370,9 @@ class Fleet:
         )
 
     def snapshot(self) -> dict:
-        return self.bus.snapshot(len(self.router.queue), self.router.rejected, self.replica_states())
+        snap = self.bus.snapshot(len(self.router.queue), self.router.rejected, self.replica_states())
+        snap["replica_queue_depths"] = self.router.replica_queue_depths()  # the central_queue row's metric
+        return snap
 
     # shutdown -----------------------------------------------------------------------------------
 

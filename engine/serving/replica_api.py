@@ -77,6 +77,8 @@ class Replica(Protocol):
         params: SamplingParams,
         events: queue.Queue | None = None,
         arrival_time: float | None = None,
+        deadline: float | None = None,
+        drop_if_expired: bool = True,
     ) -> queue.Queue: ...
 
     def abort(self, request_id: str) -> None: ...

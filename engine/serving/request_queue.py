@@ -4,7 +4,11 @@ A full queue refuses with a Retry-After computed from the measured drain rate, w
 jitter, so refused clients do not come back as one wave. A request's arrival time is stamped
 here, once, at the moment it is admitted: it travels with the request to its replica, so TTFT,
 queue time and e2e latency all include the wait in this queue. The deadline counts from it and
-is checked again at dequeue, so a request whose client has given up never buys a prefill."""
+is checked again at dequeue, so a request whose client has given up never buys a prefill.
+
+Two of the defences (engine/serving/defences.py) live here, read at each decision: queue_bound
+off, the cap is ignored and the queue becomes a delay line; deadline_recheck off, nothing is
+dropped at its deadline (the replica then prefills it anyway)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Any
 
 from engine.clock import Clock
 from engine.sampling_params import SamplingParams
+from engine.serving.defences import Defences
 
 DRAIN_WINDOW_S = 10.0  # dequeues counted over this window to estimate the drain rate
 
@@ -39,13 +44,21 @@ class Admission:
 
 
 class RequestQueue:
-    def __init__(self, cap: int, deadline_s: float | None, clock: Clock, rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        cap: int,
+        deadline_s: float | None,
+        clock: Clock,
+        rng: random.Random | None = None,
+        defences: Defences | None = None,
+    ) -> None:
         if cap < 1:
             raise ValueError("queue_cap must be at least 1")
         self.cap = cap
         self.deadline_s = deadline_s
         self.clock = clock
         self.rng = rng or random.Random()
+        self.defences = Defences() if defences is None else defences  # the fleet's: never copied
         self._items: deque[QueuedRequest] = deque()
         self._dequeued_at: deque[float] = deque()
         self._expired: list[QueuedRequest] = []
@@ -57,7 +70,7 @@ class RequestQueue:
         return len(self._items)
 
     def offer(self, request: QueuedRequest) -> Admission:
-        if len(self._items) >= self.cap:
+        if self.defences.queue_bound and len(self._items) >= self.cap:
             self.num_rejected += 1
             return Admission(False, "queue_full", self.retry_after())
         now = self.clock.now()
@@ -110,6 +123,8 @@ class RequestQueue:
         return self.rng.randint(1, max(2, math.ceil(2 * expected)))
 
     def _expire(self) -> None:
+        if not self.defences.deadline_recheck:
+            return  # the failure: late requests stay queued and get dispatched
         now = self.clock.now()
         while self._items and self._items[0].deadline is not None and now > self._items[0].deadline:
             self._expired.append(self._items.popleft())
