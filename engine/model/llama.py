@@ -75,19 +75,21 @@ class DecoderLayer(nn.Module):
         self.packed: dict[str, torch.Tensor] = {}  # oneDNN-blocked copies, see Llama.prepack
 
 
-# batch_invariant: the most rows one GEMM call takes. oneDNN's bf16 GEMM on this CPU (AVX-512/AMX)
-# gives every row the same bits for any M up to 32 (its small-M kernel) and switches its blocking
-# past 32, so a token's outputs then depend on how many other tokens share its step (measured by
-# bench/batch_invariance.py; tests/test_failures_batch_invariance.py checks it). Splitting the
-# step's rows into calls of at most this many makes each row's reduction order independent of it.
+# batch_invariant: every matmul is called with exactly this many rows (the last tile zero-padded).
+# The GEMMs here pick their blocking by M: oneDNN's bf16 kernel (AVX-512/AMX) changes it past 32
+# rows and MKL's fp32 one at almost every M, so a token's outputs depended on how many tokens
+# shared its step; within one fixed shape a row's result does not depend on its neighbours or its
+# place among them (measured: bench/batch_invariance.py, tests/test_failures_batch_invariance.py).
 INVARIANT_ROWS = 32
 
 
 def linear(
     x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None, invariant: bool = False
 ) -> torch.Tensor:
-    if invariant and x.shape[0] > INVARIANT_ROWS:
-        return torch.cat([linear(rows, weight, packed) for rows in x.split(INVARIANT_ROWS)])
+    if invariant:
+        rows = x.shape[0]
+        padded = F.pad(x, (0, 0, 0, -rows % INVARIANT_ROWS))
+        return torch.cat([linear(tile, weight, packed) for tile in padded.split(INVARIANT_ROWS)])[:rows]
     if packed is None:
         return F.linear(x, weight)
     if torch.compiler.is_compiling():  # only with the C++ op loaded (engine/model/compile.py)
@@ -112,7 +114,7 @@ class Llama(nn.Module):
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         # forward_varlen through Inductor (engine/model/compile.py), when the engine compiles.
         self.compiled_forward: Callable[..., torch.Tensor] | None = None
-        # The batch_invariant lever: every matmul in calls of at most INVARIANT_ROWS rows.
+        # The batch_invariant lever: every matmul in fixed tiles of INVARIANT_ROWS rows.
         self.batch_invariant = False
 
     def prepack(self) -> bool:

@@ -1,0 +1,62 @@
+"""The aging row of /failures (issue 15, part B) on the real model, in one in-process engine: a few
+requests of low priority among a steady stream of ordinary ones. With aging on, waiting raises
+their priority and the oldest waiter gets a reserved slot past starvation_s; off, they wait as
+long as anyone better keeps arriving: the max and p99.9 TTFT grow while the median looks fine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from engine.serving.metrics import window_percentile
+from tests.failure_traffic import prompt, ratio
+
+TRAFFIC_S = 4.0  # how long ordinary requests keep the waiting line full
+STARVATION_S = 0.5  # the reserved slot's bound, shorter than the traffic so it shows
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LLMEngine]:
+    engine = LLMEngine(EngineConfig(max_num_seqs=2, starvation_s=STARVATION_S, kv_budget_mb=64))
+    yield engine
+    engine.close()
+
+
+def steady_stream_with_low_priority(engine: LLMEngine, tag: str) -> tuple[list[float], list[float]]:
+    """TTFTs of the ordinary requests and of the three low-priority ones."""
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    low = [engine.add_request(f"{tag}-low-{i}", None, params, prompt(i, 16), priority=10) for i in range(3)]
+    ordinary: list[Sequence] = []
+    end = time.monotonic() + TRAFFIC_S
+    while time.monotonic() < end:
+        while len(engine.scheduler.waiting) < 3:  # more waiters than free slots, all the time
+            n = len(ordinary)
+            ordinary.append(engine.add_request(f"{tag}-{n}", None, params, prompt(100 + n, 16)))
+        engine.step()
+    while engine.has_work():
+        engine.step()
+    return [s.times.ttft or 0.0 for s in ordinary], [s.times.ttft or 0.0 for s in low]
+
+
+def test_aging_off_low_priority_waits_while_the_median_looks_fine(engine: LLMEngine) -> None:
+    fair_ordinary, fair_low = steady_stream_with_low_priority(engine, "aging-on")
+    engine.reconfigure(aging=False)
+    try:
+        unfair_ordinary, unfair_low = steady_stream_with_low_priority(engine, "aging-off")
+    finally:
+        engine.reconfigure(aging=True)
+    fair, unfair = sorted(fair_ordinary + fair_low), sorted(unfair_ordinary + unfair_low)
+    assert len(unfair) >= 50  # enough requests for the tail to be a tail
+    assert ratio(max(unfair_low), TRAFFIC_S) >= 0.9  # off: served only once the stream stopped
+    assert ratio(max(unfair), max(fair)) >= 3  # the max TTFT (and p99.9, its neighbour here) grows
+    assert ratio(window_percentile(unfair, 99.9) or 0.0, window_percentile(fair, 99.9) or 0.0) >= 3
+    p50_ratio = ratio(window_percentile(unfair, 50) or 0.0, window_percentile(fair, 50) or 0.0)
+    assert 0.5 <= p50_ratio <= 2.0  # while the median looks fine
+    # Back on, nothing is held: no KV block in use, no request left.
+    assert not engine.has_work() and engine.kv.num_used_blocks == 0
