@@ -49,7 +49,7 @@ def changed_generations(llm: LLM, prompts: list[str], max_tokens: int) -> int:
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("invariant", [False, True], ids=["off", "on"])
 def test_batch_invariant_logits_alone_and_in_a_full_batch(invariant: bool, dtype: str) -> None:
-    llm = LLM(batch_invariant=invariant, dtype=dtype, max_num_seqs=BATCH, kv_budget_mb=64)
+    llm = LLM(batch_invariant=invariant, dtype=dtype, max_num_seqs=BATCH, kv_budget_mb=64, num_threads=1)
     try:
         engine = llm.engine
         alone = first_logits(engine, PROMPTS[:1], f"alone-{invariant}")

@@ -23,19 +23,22 @@ STARVATION_S = 0.5  # the reserved slot's bound, shorter than the traffic so it 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LLMEngine]:
-    engine = LLMEngine(EngineConfig(max_num_seqs=2, starvation_s=STARVATION_S, kv_budget_mb=64))
+    engine = LLMEngine(EngineConfig(max_num_seqs=2, starvation_s=STARVATION_S, kv_budget_mb=64, num_threads=1))
+    engine.add_request("warm-up", None, SamplingParams(max_tokens=2), prompt(0, 16))  # the first steps are slow
+    while engine.has_work():
+        engine.step()
     yield engine
     engine.close()
 
 
 def steady_stream_with_low_priority(engine: LLMEngine, tag: str) -> tuple[list[float], list[float]]:
     """TTFTs of the ordinary requests and of the three low-priority ones."""
-    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     low = [engine.add_request(f"{tag}-low-{i}", None, params, prompt(i, 16), priority=10) for i in range(3)]
     ordinary: list[Sequence] = []
     end = time.monotonic() + TRAFFIC_S
     while time.monotonic() < end:
-        while len(engine.scheduler.waiting) < 3:  # more waiters than free slots, all the time
+        while sum(s.priority == 0 for s in engine.scheduler.waiting) < 3:  # more than the free slots, always
             n = len(ordinary)
             ordinary.append(engine.add_request(f"{tag}-{n}", None, params, prompt(100 + n, 16)))
         engine.step()
@@ -52,7 +55,11 @@ def test_aging_off_low_priority_waits_while_the_median_looks_fine(engine: LLMEng
     finally:
         engine.reconfigure(aging=True)
     fair, unfair = sorted(fair_ordinary + fair_low), sorted(unfair_ordinary + unfair_low)
-    assert len(unfair) >= 50  # enough requests for the tail to be a tail
+    print(  # what the row shows, for the record (pytest -s)
+        f"aging on: TTFT max {max(fair):.2f} s, p50 {window_percentile(fair, 50):.3f} s over {len(fair)}; "
+        f"off: max {max(unfair):.2f} s, p50 {window_percentile(unfair, 50):.3f} s over {len(unfair)}"
+    )
+    assert len(unfair) >= 20  # enough requests for the median to be an ordinary one
     assert ratio(max(unfair_low), TRAFFIC_S) >= 0.9  # off: served only once the stream stopped
     assert ratio(max(unfair), max(fair)) >= 3  # the max TTFT (and p99.9, its neighbour here) grows
     assert ratio(window_percentile(unfair, 99.9) or 0.0, window_percentile(fair, 99.9) or 0.0) >= 3
