@@ -82,8 +82,10 @@ def assert_idle_and_whole(fleet: Fleet, pids: list[int]) -> None:
     block held on any replica, and the very same replica processes as before."""
     assert fleet.ready
     assert wait_for(
-        lambda: not len(fleet.router.queue)
-        and all(r.num_in_flight == 0 and r.stats and r.stats.kv_used_blocks == 0 for r in fleet.replicas),
+        lambda: (
+            not len(fleet.router.queue)
+            and all(r.num_in_flight == 0 and r.stats and r.stats.kv_used_blocks == 0 for r in fleet.replicas)
+        ),
         timeout_s=30,
     ), [(r.num_in_flight, r.stats) for r in fleet.replicas]
     assert sorted(replica_pids(os.getpid())) == sorted(pids)

@@ -50,7 +50,9 @@ def restored(fleet: Fleet) -> Iterator[list[int]]:
     assert len(pids) == 2
     yield pids
     fleet.defences.update(**dict.fromkeys(Defences.names(), True))
-    fleet.reconfigure(max_num_seqs=ENGINE.max_num_seqs, max_batched_tokens=ENGINE.max_batched_tokens, chunked_prefill=True)
+    fleet.reconfigure(
+        max_num_seqs=ENGINE.max_num_seqs, max_batched_tokens=ENGINE.max_batched_tokens, chunked_prefill=True
+    )
     fleet.router.reconfigure(queue_cap=QUEUE_CAP, deadline_s=DEADLINE_S)
     assert_idle_and_whole(fleet, pids)
 
@@ -75,11 +77,15 @@ def test_queue_bound_off_the_queue_is_a_delay_line(fleet: Fleet, restored: list[
     unbounded, unbounded_depth = burst("bound-off")
     fleet.defences.update(queue_bound=True)
     refused_on = sum(o.refused == "queue_full" for o in bounded)
+    ttft_on = max(o.ttft or 0.0 for o in served(bounded))
+    ttfts_off = [o.ttft or 0.0 for o in unbounded]
+    print(
+        f"queue_bound on: {refused_on} refused, depth {bounded_depth}, TTFT max {ttft_on:.2f} s; "
+        f"off: 0 refused, depth {unbounded_depth}, TTFT max {max(ttfts_off):.2f} s"
+    )
     assert refused_on >= 20 and bounded_depth <= 4  # the cap holds and refuses the rest at once
     assert all(o.refused is None for o in unbounded) and len(served(unbounded)) == 40  # no refusal at all
     assert unbounded_depth >= 5 * 4  # the queue grew far past the cap
-    ttft_on = max(o.ttft or 0.0 for o in served(bounded))
-    ttfts_off = [o.ttft or 0.0 for o in unbounded]
     assert ratio(max(ttfts_off), ttft_on) >= 2.5  # waiting grows with the line, with no limit
     first, last = ttfts_off[:4], ttfts_off[-10:]  # the first served at once; the last waited the line out
     assert ratio(sum(last) / len(last), sum(first) / len(first)) >= 3
@@ -107,6 +113,7 @@ def test_deadline_recheck_off_prefills_requests_already_late(fleet: Fleet) -> No
 
     fleet.defences.update(deadline_recheck=False)
     late, late_prefill, late_dropped, _ = burst("recheck-off")
+    print(f"deadline_recheck off: {late_prefill} prompt tokens prefilled past their deadline")
     assert late_dropped == 0 and len(served(late)) == 24  # every late request was still served
     assert late_prefill >= 48 * 10  # and its prompt prefilled after its deadline had passed
 
@@ -153,6 +160,10 @@ def test_central_queue_off_a_request_waits_behind_a_long_prefill(fleet: Fleet) -
     fleet.defences.update(central_queue=True)
     p99_on = percentile([o.ttft or 0.0 for o in served(central)], 99)
     p99_off = percentile([o.ttft or 0.0 for o in served(inboxes)], 99)
+    print(
+        f"central_queue on: short TTFT p99 {p99_on:.2f} s, replica depth max {central_depth}; "
+        f"off: {p99_off:.2f} s, {inbox_depth}"
+    )
     assert len(served(central)) == len(served(inboxes)) == 12
     assert ratio(p99_off, p99_on) >= 2.0  # short requests sat behind the long prefill
     assert inbox_depth >= 2 and inbox_depth > central_depth  # while the other replica idled
@@ -179,6 +190,10 @@ def test_prefix_aware_routing_off_halves_the_hit_rate(fleet: Fleet) -> None:
     fleet.defences.update(prefix_aware_routing=False)
     blind_rate, blind_ttft = shared_preambles("prefix-off", 6000)
     fleet.defences.update(prefix_aware_routing=True)
+    print(
+        f"prefix_aware_routing on: hit rate {aware_rate:.2f}, TTFT p50 {aware_ttft:.3f} s; "
+        f"off: {blind_rate:.2f}, {blind_ttft:.3f} s"
+    )
     assert aware_rate >= 0.55  # each preamble is computed once, then found
     assert blind_rate <= 0.65 * aware_rate  # each replica computes each preamble for itself
     assert ratio(blind_ttft, aware_ttft) >= 1.3
@@ -204,4 +219,5 @@ def test_chunked_prefill_off_running_streams_stall_on_a_long_prompt(fleet: Fleet
     fleet.reconfigure(chunked_prefill=False)
     whole = streams_with_long_prompts("chunked-off")
     fleet.reconfigure(chunked_prefill=True)
+    print(f"chunked_prefill on: stream ITL p99 {chunked:.3f} s; off: {whole:.3f} s")
     assert ratio(whole, chunked) >= 2.0  # ITL p99 spikes by the whole prompt's prefill
