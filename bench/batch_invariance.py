@@ -1,5 +1,6 @@
 """What the batch_invariant lever buys and costs, on the real model in this process:
-`python -m bench.batch_invariance [--prompts 100] [--max-tokens 32] [--max-num-seqs 64] [--dtype bfloat16] [--json]`.
+`python -m bench.batch_invariance [--prompts 100] [--max-tokens 32] [--max-num-seqs 64] [--dtype bfloat16]
+[--threads N] [--json]`.
 
 For each setting (off, on): the first prompt's raw logits alone and inside a full batch (bitwise
 equal or not, and the largest difference), and over every prompt how many greedy generations
@@ -74,14 +75,27 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--rounds", type=int, default=2, help="A B pairs of the throughput run")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     prompts = make_prompts(args.prompts)
     engines = {
-        inv: LLM(batch_invariant=inv, dtype=args.dtype, max_num_seqs=args.max_num_seqs, prefix_caching=False)
+        inv: LLM(
+            batch_invariant=inv,
+            dtype=args.dtype,
+            max_num_seqs=args.max_num_seqs,
+            prefix_caching=False,
+            num_threads=args.threads,
+            kv_budget_mb=256,
+        )
         for inv in (False, True)
     }  # no prefix cache: every run computes every prompt, alone or batched
-    result: dict[str, Any] = {"prompts": args.prompts, "max_tokens": args.max_tokens, "dtype": args.dtype}
+    result: dict[str, Any] = {
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+    }
     for inv, llm in engines.items():
         result["on" if inv else "off"] = correctness(llm, prompts, args.max_num_seqs, args.max_tokens)
     rates: dict[str, list[float]] = {"off": [], "on": []}
