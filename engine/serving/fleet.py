@@ -357,12 +357,13 @@ class Fleet:
         params: SamplingParams,
         api_key: str | None,
         events: queue.Queue | None = None,
+        priority: int = 0,
     ) -> queue.Queue:
         if self.draining:
             raise AdmissionError(503, "draining", "the server is shutting down")
         if not self.ready:
             raise AdmissionError(503, "not_ready", "no replica is ready")
-        return self.router.submit(request_id, prompt_token_ids, params, api_key, events)
+        return self.router.submit(request_id, prompt_token_ids, params, api_key, events, priority)
 
     def metrics_text(self) -> str:
         return self.bus.prometheus_text(

@@ -21,6 +21,7 @@ class AddRequest:
     arrival_time: float  # stamped once, when the router admitted it (the replica never restamps)
     deadline: float | None = None  # the router's, in the same clock
     drop_if_expired: bool = True  # deadline_recheck as it stood when the router dispatched it
+    priority: int = 0  # lower is admitted sooner by the scheduler
 
 
 @dataclass

@@ -92,6 +92,7 @@ def replica_main(
                         arrival_time=cmd.arrival_time,
                         deadline=cmd.deadline,
                         drop_if_expired=cmd.drop_if_expired,
+                        priority=cmd.priority,
                     )
                 except InvalidParamError as err:
                     errors.append(RequestError(cmd.request_id, err.param, err.message))
@@ -237,6 +238,7 @@ class ReplicaHandle:
         arrival_time: float | None = None,
         deadline: float | None = None,
         drop_if_expired: bool = True,
+        priority: int = 0,
     ) -> queue.Queue:
         """Queue of events for this request (the caller's, or a new one): TokenDelta (the last
         one has finished=True) or a RequestError, after which nothing more comes.
@@ -251,7 +253,7 @@ class ReplicaHandle:
                 return events
             self._streams[request_id] = events
         arrival = WALL_CLOCK.now() if arrival_time is None else arrival_time
-        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, arrival, deadline, drop_if_expired))
+        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, arrival, deadline, drop_if_expired, priority))
         return events
 
     def abort(self, request_id: str) -> None:

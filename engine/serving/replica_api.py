@@ -79,6 +79,7 @@ class Replica(Protocol):
         arrival_time: float | None = None,
         deadline: float | None = None,
         drop_if_expired: bool = True,
+        priority: int = 0,
     ) -> queue.Queue: ...
 
     def abort(self, request_id: str) -> None: ...

@@ -34,6 +34,7 @@ class QueuedRequest:
     deadline: float | None = None
     payload: Any = None  # what the caller needs to answer it (its stream)
     block_hashes: list[int] | None = None  # the prompt's chained block keys, for routing
+    priority: int = 0  # vLLM's request priority, lower sooner: the replica's scheduler orders by it
 
 
 @dataclass

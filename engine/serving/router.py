@@ -98,10 +98,12 @@ class Router:
         params: SamplingParams,
         api_key: str | None = None,
         events: queue.Queue | None = None,
+        priority: int = 0,
     ) -> queue.Queue:
         """Admit or refuse (AdmissionError); an admitted request's events arrive on the returned
         queue (`events` if given: requests of one API call, n > 1 or a batch, share one):
-        TokenDelta, or one RequestError (deadline, failed replica) that ends it."""
+        TokenDelta, or one RequestError (deadline, failed replica) that ends it. priority: the
+        replica's scheduler admits lower first (aging raises a waiter's); the central queue is FIFO."""
         self.authorize(api_key)
         wait = self.limiter.check(api_key or "")
         if wait > 0:
@@ -116,7 +118,8 @@ class Router:
             )
         events = queue.Queue() if events is None else events
         with self._lock:
-            admission = self.queue.offer(QueuedRequest(request_id, prompt_token_ids, params, payload=events))
+            queued = QueuedRequest(request_id, prompt_token_ids, params, payload=events, priority=priority)
+            admission = self.queue.offer(queued)
             self.max_depth_seen = max(self.max_depth_seen, len(self.queue))
         if not admission.admitted:
             raise self._refuse(429, "queue_full", "the request queue is full", retry_after_s=admission.retry_after_s)
@@ -201,6 +204,7 @@ class Router:
                     arrival_time=head.arrival,
                     deadline=head.deadline,
                     drop_if_expired=self.defences.deadline_recheck,
+                    priority=head.priority,
                 )
                 dispatched += 1
         return dispatched

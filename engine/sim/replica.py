@@ -109,22 +109,23 @@ class SimReplica:
         arrival_time: float | None = None,
         deadline: float | None = None,
         drop_if_expired: bool = True,
+        priority: int = 0,
     ) -> queue.Queue:
         events = queue.Queue() if events is None else events
-        expiry = (deadline, drop_if_expired)
+        routed = (deadline, drop_if_expired, priority)
         if self.state != ReplicaState.READY:
             events.put(RequestError(request_id, None, f"replica {self.replica_id} is {self.state}"))
             return events
         self._streams[request_id] = events
         if self.kv_transfer_s is None:
-            self._add(request_id, prompt_token_ids, params, arrival_time, expiry)
+            self._add(request_id, prompt_token_ids, params, arrival_time, routed)
         else:
             received = prompt_token_ids[:-1]  # the last id is the token the prefill replica sampled
 
             def land() -> None:
                 if request_id in self._streams:  # not failed or stopped meanwhile
                     self.engine.kv.import_prefix(received)
-                    self._add(request_id, prompt_token_ids, params, arrival_time, expiry)
+                    self._add(request_id, prompt_token_ids, params, arrival_time, routed)
 
             self.loop.after(self.kv_transfer_s(len(received)), land)
         return events
@@ -135,13 +136,13 @@ class SimReplica:
         prompt: list[int],
         params: SamplingParams,
         arrival_time: float | None,
-        expiry: tuple[float | None, bool] = (None, True),
+        routed: tuple[float | None, bool, int] = (None, True, 0),
     ) -> None:
-        deadline, drop = expiry
+        deadline, drop, priority = routed  # what the router decided besides the request itself
         try:
             self.engine.add_request(
                 request_id, None, params, prompt_token_ids=prompt, arrival_time=arrival_time,
-                deadline=deadline, drop_if_expired=drop,
+                deadline=deadline, drop_if_expired=drop, priority=priority,
             )
         except InvalidParamError as err:
             self._streams.pop(request_id).put(RequestError(request_id, err.param, err.message))
