@@ -10,10 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from engine.block_manager import BlockManager
+from engine.clock import VirtualClock
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.scheduler import Scheduler
+from engine.sequence import RequestTimes, Sequence
 from engine.serving.metrics import window_percentile
 from tests.failure_traffic import prompt, ratio
 
@@ -67,3 +70,25 @@ def test_aging_off_low_priority_waits_while_the_median_looks_fine(engine: LLMEng
     assert 0.5 <= p50_ratio <= 2.0  # while the median looks fine
     # Back on, nothing is held: no KV block in use, no request left.
     assert not engine.has_work() and engine.kv.num_used_blocks == 0
+
+
+def test_the_scheduler_drops_a_late_waiter_unstarted_or_counts_its_prefill() -> None:
+    """The replica's deadline recheck, on a virtual clock: a waiter whose deadline passed is dropped
+    before any prefill (its blocks never taken); told not to drop it, the scheduler prefills it and
+    counts the prompt tokens spent past the deadline."""
+    clock = VirtualClock()
+    config = EngineConfig(block_size=4, max_num_seqs=1, prefix_caching=False)
+    sched = Scheduler(config, BlockManager(64, 4, False), clock)
+    params = SamplingParams(max_tokens=50)
+    running = Sequence("running", [7] * 8, params, RequestTimes(arrival=0.0))
+    dropped = Sequence("dropped", [7] * 12, params, RequestTimes(arrival=0.0), deadline=1.0)
+    paid = Sequence("paid", [7] * 12, params, RequestTimes(arrival=0.0), deadline=1.0, drop_if_expired=False)
+    for s in (running, dropped, paid):
+        sched.add(s)
+    assert sched.schedule().seqs == [running]  # one slot: the others wait
+    clock.advance(2.0)
+    out = sched.schedule()
+    assert out.expired == [dropped] and not dropped.block_table and sched.num_expired == 1
+    sched.remove(running)
+    out = sched.schedule()
+    assert out.seqs == [paid] and sched.expired_prefill_tokens == 12

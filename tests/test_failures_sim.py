@@ -39,7 +39,12 @@ def ttfts(aging: bool) -> tuple[list[float], list[float]]:
         return replica
 
     fleet = Fleet(
-        config, RouterConfig(queue_cap=10_000, deadline_s=None), FleetConfig(2), new_replica, clock, driver=loop,
+        config,
+        RouterConfig(queue_cap=10_000, deadline_s=None),
+        FleetConfig(2),
+        new_replica,
+        clock,
+        driver=loop,
         model=(dep.model.name, dep.model.cfg.max_position),
     )
     fleet.defences.update(central_queue=False)
