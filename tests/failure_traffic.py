@@ -38,6 +38,7 @@ class Traffic:
         self.fleet = fleet
         self.name = name
         self.pending: list[tuple[Outcome, queue.Queue | None]] = []
+        self._collected = 0  # pending[:_collected] have their outcome already
 
     def submit(self, prompt: list[int], max_tokens: int) -> Outcome:
         outcome = Outcome(f"{self.name}-{len(self.pending)}")
@@ -50,7 +51,8 @@ class Traffic:
         return outcome
 
     def collect(self, timeout_s: float = 60.0) -> list[Outcome]:
-        for outcome, events in self.pending:
+        """Wait for every request submitted since the last collect; all the outcomes so far."""
+        for outcome, events in self.pending[self._collected :]:
             while events is not None:
                 event = events.get(timeout=timeout_s)
                 if isinstance(event, RequestError):
@@ -60,6 +62,7 @@ class Traffic:
                 if event.finished:
                     outcome.times = event.times
                     break
+        self._collected = len(self.pending)
         return [outcome for outcome, _ in self.pending]
 
 
