@@ -9,13 +9,14 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from engine.config import EngineConfig
 from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.replica import replica_pids
+from engine.serving.replica import ReplicaHandle, replica_pids
 from engine.serving.router import RouterConfig
 from tests.failure_traffic import (
     Outcome,
@@ -34,7 +35,13 @@ QUEUE_CAP, DEADLINE_S = 64, 300.0  # the router's config object is changed in pl
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
-    fleet = Fleet(ENGINE, RouterConfig(queue_cap=QUEUE_CAP, deadline_s=DEADLINE_S), FleetConfig(replicas=2))
+    def patient_replica(*args: Any, **kwargs: Any) -> ReplicaHandle:
+        # These rows are not about the stall watchdog: a 2 s pause of this shared 2-core machine
+        # (other sessions' work) must not fail a replica in the middle of a measurement.
+        return ReplicaHandle(*args, heartbeat_timeout_s=10.0, **kwargs)
+
+    router = RouterConfig(queue_cap=QUEUE_CAP, deadline_s=DEADLINE_S)
+    fleet = Fleet(ENGINE, router, FleetConfig(replicas=2), replica_factory=patient_replica)
     try:
         assert fleet.wait_ready(180), [r.error for r in fleet.replicas]
         yield fleet
