@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("servelab.engine")
 
+DEADLINE = "deadline"  # the finish reason of a request dropped unstarted at its deadline
+
 
 def _make_startup_visible() -> None:
     """The KV budget is printed at start even where the host application set up no logging."""
@@ -124,7 +126,10 @@ class LLMEngine:
         if self.shard_group is not None:
             self.shard_group.start(self.model, memory.weight_bytes, memory.num_blocks)
             runner.on_step = self.shard_group.send_step
-        if config.compile:
+        self.model.batch_invariant = config.batch_invariant
+        if config.compile and config.batch_invariant:  # Inductor would fuse the split matmuls back
+            log.info("compile: skipped (batch_invariant keeps the eager, row-tiled matmuls)")
+        elif config.compile:
             compile_model(self.model, runner.kv_caches)
         return Executor(Path(path).name, self.model.cfg, memory, runner, tokenizer)
 
@@ -138,8 +143,12 @@ class LLMEngine:
         prompt_token_ids: list[int] | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
+        deadline: float | None = None,
+        drop_if_expired: bool = True,
     ) -> Sequence:
-        """Validate and queue a request; bad input raises InvalidParamError naming the field."""
+        """Validate and queue a request; bad input raises InvalidParamError naming the field.
+        deadline: the router's (clock time); drop_if_expired: the scheduler drops the request
+        unstarted once it has passed, else it is prefilled anyway and its tokens counted."""
         params = params or SamplingParams()
         params.validate()
         if request_id in self.requests:
@@ -170,6 +179,7 @@ class LLMEngine:
         seq = Sequence(
             request_id, ids, params, RequestTimes(arrival=arrival_time if arrival_time is not None else now), priority
         )
+        seq.deadline, seq.drop_if_expired = deadline, drop_if_expired
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -197,6 +207,10 @@ class LLMEngine:
         and calls end_step when the cost model says the step is over."""
         outputs = self._drop_aborted()
         batch = self.scheduler.schedule()
+        now = self.clock.now()
+        for seq in batch.expired:  # never started: no blocks to free, nothing generated
+            self._finish(seq, DEADLINE, now)
+            outputs.append(RequestOutput(seq.request_id, [], "", True, DEADLINE, seq))
         self.last_batch = batch
         return outputs, batch
 
@@ -298,6 +312,8 @@ class LLMEngine:
             "kv_tokens_used": sum(s.num_computed_tokens for s in running),
             "kv_tokens_reserved": self.kv.num_used_blocks * self.config.block_size,
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_expired": self.scheduler.num_expired,
+            "expired_prefill_tokens": self.scheduler.expired_prefill_tokens,
             "prefix_cache_queries": self.kv.prefix_queries,
             "prefix_cache_hits": self.kv.prefix_hits,
             "num_steps": self.num_steps,

@@ -39,6 +39,9 @@ class ModelRunner:
         self.eos_token_ids = list(cfg.eos_token_ids)  # masked while a request is under min_tokens
         # Tensor parallelism: rank 0 sends each step's batch to the other ranks before running it.
         self.on_step: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], None] | None = None
+        # The latest step's raw logits (a reference, no copy) and whose each row is: how the
+        # batch_invariant check compares a prompt's logits alone and inside a full batch.
+        self.last_logits: tuple[list[str], torch.Tensor] | None = None
 
     def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
         """echo: the logprob of each prompt token given the ones before it, from this chunk's
@@ -82,6 +85,7 @@ class ModelRunner:
             return {}
         raw = self.model.raw_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
         ids = [s.request_id for s in to_sample]
+        self.last_logits = (ids, raw)
         if all(s.params.greedy and s.params.logprobs is None and not needs_processing(s) for s in to_sample):
             return dict(zip(ids, greedy_tokens(raw).tolist()))  # the common case: no fp32 copy
         logits = raw.float()

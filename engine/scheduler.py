@@ -27,6 +27,7 @@ class SchedulerOutput:
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)
+    expired: list[Sequence] = field(default_factory=list)  # dropped unstarted: their deadline passed
 
     @property
     def num_tokens(self) -> int:
@@ -45,6 +46,8 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []  # admission order: oldest first
         self.num_preemptions = 0
+        self.num_expired = 0  # waiters dropped at their deadline before any prefill
+        self.expired_prefill_tokens = 0  # prompt tokens prefilled for requests already past it
 
     def add(self, seq: Sequence) -> None:
         seq.times.queued = self.clock.now()
@@ -90,14 +93,19 @@ class Scheduler:
         return out
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        now = self.clock.now()
+        self._drop_expired(out, now)
         if not self.waiting or budget <= 0 or len(self.running) >= self.config.max_num_seqs:
             return  # no room: skip sorting the waiters (thousands of them in a flood)
-        now = self.clock.now()
-        # priority - AGING * (now - arrival) ranks waiters the same as priority + AGING * arrival:
-        # `now` shifts every key alike, so the key need not be recomputed as time passes.
-        order = sorted(self.waiting, key=lambda s: (s.priority + AGING_PER_SECOND * s.times.arrival, s.times.arrival))
+        aging = self.config.aging  # read each step: the lever applies in place
+        if aging:
+            # priority - AGING * (now - arrival) ranks waiters the same as priority + AGING * arrival:
+            # `now` shifts every key alike, so the key need not be recomputed as time passes.
+            order = sorted(self.waiting, key=lambda s: (s.priority + AGING_PER_SECOND * s.times.arrival, s.times.arrival))
+        else:  # the failure: a low priority waits as long as anyone better keeps arriving
+            order = sorted(self.waiting, key=lambda s: (s.priority, s.times.arrival))
         oldest = min(self.waiting, key=lambda s: s.times.arrival, default=None)
-        starving = oldest is not None and now - oldest.times.arrival > self.config.starvation_s
+        starving = aging and oldest is not None and now - oldest.times.arrival > self.config.starvation_s
         if starving:  # the reserved slot: nobody overtakes the oldest waiter past the bound
             order.remove(oldest)
             order.insert(0, oldest)
@@ -110,7 +118,10 @@ class Scheduler:
             prefix = self.kv.find_cached_prefix(seq)
             remaining = seq.num_tokens - len(prefix) * bs
             n = min(remaining, budget) if self.config.chunked_prefill else remaining
-            fits = n <= budget or not out.seqs
+            # Without chunking a prompt longer than the whole budget runs whole beside the running
+            # decodes (vLLM's unchunked rule: the budget never splits a prompt): one prefill a step.
+            whole = not self.config.chunked_prefill and n > self.config.max_batched_tokens and not out.admitted
+            fits = n <= budget or not out.seqs or whole
             if reserve:
                 revived = self.kv.num_revived(prefix)
                 fits = fits and blocks_for(seq.max_total_tokens, bs) - len(prefix) + revived <= unpromised
@@ -128,9 +139,20 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             if seq.times.scheduled is None:
                 seq.times.scheduled = now
+                if seq.deadline is not None and now > seq.deadline:  # deadline_recheck off: paid for
+                    self.expired_prefill_tokens += seq.num_prompt_tokens - len(prefix) * bs
             out.add(seq, n)
             out.admitted.append(seq)
             budget -= n
+
+    def _drop_expired(self, out: SchedulerOutput, now: float) -> None:
+        """The deadline recheck at the replica: a waiter never started whose deadline passed is
+        dropped before any prefill is spent on it (the engine answers it)."""
+        for seq in [s for s in self.waiting if s.deadline is not None and s.drop_if_expired and now > s.deadline]:
+            if seq.times.scheduled is None:
+                self.waiting.remove(seq)
+                out.expired.append(seq)
+                self.num_expired += 1
 
     def _growth(self, seq: Sequence) -> int:
         """Blocks seq may still take before it reaches prompt + max_tokens."""

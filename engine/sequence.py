@@ -77,6 +77,10 @@ class Sequence:
     params: SamplingParams
     times: RequestTimes
     priority: int = 0  # lower runs sooner; waiting time raises it further
+    # The router's deadline (clock time) and whether the scheduler drops the request unstarted
+    # once it has passed (the deadline_recheck defence, decided when the router dispatched it).
+    deadline: float | None = None
+    drop_if_expired: bool = True
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop", "length" or "abort"

@@ -50,17 +50,31 @@ def test_chunked_prefill_interleaves_with_decodes() -> None:
     assert long.num_computed_tokens == 30 and not long.output_token_ids
 
 
-def test_without_chunking_a_prompt_waits_for_a_whole_budget() -> None:
+def test_without_chunking_a_prompt_waits_for_room_in_the_budget() -> None:
+    clock = VirtualClock()
+    sched = make(max_batched_tokens=16, chunked_prefill=False, prefix_caching=False)
+    for name in ("a", "b"):
+        sched.add(seq(name, 3, clock))
+    fake_step(sched)
+    sched.add(seq("c", 15, clock))
+    out = fake_step(sched)
+    assert [s.request_id for s in out.seqs] == ["a", "b"]  # 15 tokens do not fit beside two decodes
+    sched.remove(sched.running[0])
+    out = fake_step(sched)
+    assert out.num_new_tokens == [1, 15]
+
+
+def test_without_chunking_a_prompt_longer_than_the_budget_runs_whole() -> None:
+    """vLLM's unchunked rule: the budget never splits or holds back a prompt that could never fit
+    it; it runs whole beside the decodes (the chunked_prefill row's ITL spike), one such a step."""
     clock = VirtualClock()
     sched = make(max_batched_tokens=16, chunked_prefill=False, prefix_caching=False)
     sched.add(seq("a", 3, clock))
     fake_step(sched)
     sched.add(seq("b", 40, clock))
+    sched.add(seq("c", 40, clock))
     out = fake_step(sched)
-    assert [s.request_id for s in out.seqs] == ["a"]  # 40 tokens do not fit beside a decode
-    sched.remove(sched.running[0])
-    out = fake_step(sched)
-    assert out.num_new_tokens == [40]  # alone in a step, a prompt may exceed the budget
+    assert dict(zip([s.request_id for s in out.seqs], out.num_new_tokens)) == {"a": 1, "b": 40}
 
 
 def test_preempts_newest_first_and_admits_nothing_that_step() -> None:

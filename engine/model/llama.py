@@ -75,7 +75,19 @@ class DecoderLayer(nn.Module):
         self.packed: dict[str, torch.Tensor] = {}  # oneDNN-blocked copies, see Llama.prepack
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None) -> torch.Tensor:
+# batch_invariant: every matmul is called with exactly this many rows (the last tile zero-padded).
+# The GEMMs here pick their blocking by M: oneDNN's bf16 kernel (AVX-512/AMX) changes it past 32
+# rows and MKL's fp32 one at almost every M, so a token's outputs depended on how many tokens
+# shared its step; within one fixed shape a row's result does not depend on its neighbours or its
+# place among them (measured: bench/batch_invariance.py, tests/test_failures_batch_invariance.py).
+INVARIANT_ROWS = 32
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None, invariant: bool = False) -> torch.Tensor:
+    if invariant:
+        rows = x.shape[0]
+        padded = F.pad(x, (0, 0, 0, -rows % INVARIANT_ROWS))
+        return torch.cat([linear(tile, weight, packed) for tile in padded.split(INVARIANT_ROWS)])[:rows]
     if packed is None:
         return F.linear(x, weight)
     if torch.compiler.is_compiling():  # only with the C++ op loaded (engine/model/compile.py)
@@ -104,6 +116,8 @@ class Llama(nn.Module):
         # (cpu_attention.long_chunk_path): set on the first forward over the op, outside any
         # compiled graph (it asks the CPU).
         self.long_chunks: tuple[int, bool] | None = None
+        # The batch_invariant lever: every matmul in fixed tiles of INVARIANT_ROWS rows.
+        self.batch_invariant = False
 
     def prepack(self) -> bool:
         """bf16 on CPU: keep each matmul weight also in oneDNN's blocked layout, which ran decode
@@ -169,13 +183,18 @@ class Llama(nn.Module):
         """The forward over the C++ CPU op: every sequence's attention in one call per layer."""
         scale = self.cfg.head_dim**-0.5
         long_from, amx = self.long_chunks or (cpu_attention.SDPA_FROM, False)
+        # batch_invariant: every chunk in the op's loops, never split over keys: which path a
+        # chunk takes (its length, the batch's number of work items) would depend on the batch.
+        split_tokens = 0
+        if self.batch_invariant:
+            long_from, amx, split_tokens = 0, False, 1 << 30
 
         def attend(
             q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor
         ) -> torch.Tensor:
             cpu_attention.store_kv(k, v, kc, vc, slot_mapping)
             return cpu_attention.paged_attention(
-                q, kc, vc, block_tables, seq_lens, query_start_loc, scale, sdpa_from=long_from, amx=amx
+                q, kc, vc, block_tables, seq_lens, query_start_loc, scale, split_tokens, sdpa_from=long_from, amx=amx
             )
 
         return self._layers(input_ids, positions, kv_caches, attend)
@@ -188,18 +207,19 @@ class Llama(nn.Module):
         attend: Callable[..., torch.Tensor],
     ) -> torch.Tensor:
         cfg = self.cfg
-        eps = cfg.rms_norm_eps
+        eps, inv = cfg.rms_norm_eps, self.batch_invariant
         h = F.embedding(input_ids, self.embed)
         cos = self.rope_cos.index_select(0, positions).to(h.dtype)
         sin = self.rope_sin.index_select(0, positions).to(h.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             p = layer.packed
             x = F.rms_norm(h, (cfg.hidden_size,), layer.input_norm, eps)
-            qkv = linear(x, layer.qkv, p.get("qkv"))
-            h = h + self._reduce(linear(self._attention(qkv, cos, sin, attend, k_cache, v_cache), layer.o, p.get("o")))
+            qkv = linear(x, layer.qkv, p.get("qkv"), inv)
+            attended = self._attention(qkv, cos, sin, attend, k_cache, v_cache)
+            h = h + self._reduce(linear(attended, layer.o, p.get("o"), inv))
             x = F.rms_norm(h, (cfg.hidden_size,), layer.post_norm, eps)
-            gate, up = linear(x, layer.gate_up, p.get("gate_up")).chunk(2, dim=-1)
-            h = h + self._reduce(linear(F.silu(gate) * up, layer.down, p.get("down")))
+            gate, up = linear(x, layer.gate_up, p.get("gate_up"), inv).chunk(2, dim=-1)
+            h = h + self._reduce(linear(F.silu(gate) * up, layer.down, p.get("down"), inv))
         return h
 
     def _reduce(self, partial: torch.Tensor) -> torch.Tensor:
@@ -212,7 +232,7 @@ class Llama(nn.Module):
     def raw_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits in the model's dtype: a greedy pick needs no fp32 copy (widening is exact)."""
         x = F.rms_norm(hidden, (self.cfg.hidden_size,), self.norm, self.cfg.rms_norm_eps)
-        return linear(x, self.lm_head, self.packed_lm_head)
+        return linear(x, self.lm_head, self.packed_lm_head, self.batch_invariant)
 
     def _attention(
         self,

@@ -92,8 +92,7 @@ class Fleet(Provisioning):
         self.bus = MetricsBus(clock, events=self.events)
         router_config.block_size = engine_config.block_size
         router_config.max_model_len = min(engine_config.max_model_len or self.context_length, self.context_length)
-        self.router = Router([], router_config, clock, events=self.events, dispatch_thread=False)
-        self.router.queue.defences = self.defences  # Retry-After's jitter reads retry_jitter at each refusal
+        self.router = Router([], router_config, clock, events=self.events, dispatch_thread=False, defences=self.defences)
         self.replicas: list[Any] = []  # serving, or starting to
         self.retiring: list[Any] = []  # draining: no new work, finishing their residents
         self.warm: list[Any] = []  # the warm pool: loaded (or loading), idle, not routed to
@@ -278,12 +277,13 @@ class Fleet(Provisioning):
         params: SamplingParams,
         api_key: str | None,
         events: queue.Queue | None = None,
+        priority: int = 0,
     ) -> queue.Queue:
         if self.draining:
             raise AdmissionError(503, "draining", "the server is shutting down")
         if not self.ready:
             raise AdmissionError(503, "not_ready", "no replica is ready")
-        return self.router.submit(request_id, prompt_token_ids, params, api_key, events)
+        return self.router.submit(request_id, prompt_token_ids, params, api_key, events, priority)
 
     def metrics_text(self) -> str:
         text = self.bus.prometheus_text(
@@ -293,7 +293,8 @@ class Fleet(Provisioning):
 
     def snapshot(self) -> dict:
         snap = self.bus.snapshot(len(self.router.queue), self.router.rejected, self.replica_states())
-        snap |= self.scale_counts()  # part C's keys: streams_cut_mid_stream, scale_changes_total, replicas_ordered_total
+        snap |= self.scale_counts()  # streams_cut_mid_stream, scale_changes_total, replicas_ordered_total
+        snap["replica_queue_depths"] = self.router.replica_queue_depths()  # the central_queue row's metric
         return snap
 
     # shutdown -----------------------------------------------------------------------------------

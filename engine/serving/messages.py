@@ -19,6 +19,9 @@ class AddRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     arrival_time: float  # stamped once, when the router admitted it (the replica never restamps)
+    deadline: float | None = None  # the router's, in the same clock
+    drop_if_expired: bool = True  # deadline_recheck as it stood when the router dispatched it
+    priority: int = 0  # lower is admitted sooner by the scheduler
 
 
 @dataclass
@@ -65,6 +68,11 @@ class RequestError:
     request_id: str
     param: str | None
     message: str
+
+
+def expired_error(request_id: str) -> RequestError:
+    """A request dropped at its deadline: the router's queue and a replica answer it alike."""
+    return RequestError(request_id, None, "deadline passed while queued")
 
 
 @dataclass

@@ -24,7 +24,10 @@ from engine.serving.events import EventLog
 from engine.serving.messages import StepMessage
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-COUNTERS = ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits")  # per-replica running totals
+# Per-replica running totals. num_expired: requests a replica dropped at their deadline (counted
+# with the router's own as rejected "deadline"); expired_prefill_tokens: prompt tokens it
+# prefilled for requests already past it (the deadline_recheck row of /failures).
+COUNTERS = ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits", "num_expired", "expired_prefill_tokens")
 WINDOW_S = 30.0  # sliding window for the live percentiles and rates
 # The newest samples a window's percentiles are read from, at most: a snapshot sorts them, and a
 # simulated 64-GPU fleet makes 25,000 token gaps a second (750,000 in a window: 0.2 s a sort).
@@ -82,6 +85,8 @@ class MetricsBus:
         self._recent_queue: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
         self._recent_tokens: deque[tuple[float, int]] = deque()
         self._retired = dict.fromkeys(COUNTERS, 0)  # counters only grow: keep what retired replicas did
+        # (time, fleet prefix-cache queries, hits) when they changed, for the windowed hit rate.
+        self._prefix_totals: deque[tuple[float, int, int]] = deque([(clock.now(), 0, 0)])
         self._lock = threading.Lock()
 
     def observe(self, msg: StepMessage) -> None:
@@ -93,6 +98,7 @@ class MetricsBus:
                 if preempted > 0:
                     self.events.emit("preempted", f"replica {msg.replica_id} preempted {preempted} request(s)")
                 self.replica_stats[msg.replica_id] = msg.stats
+                self._note_prefix_totals(msg.time)
             produced = sum(len(d.token_ids) for d in msg.deltas)
             self.generation_tokens += produced
             if produced:
@@ -156,6 +162,31 @@ class MetricsBus:
             for key in COUNTERS:
                 self._retired[key] += last.get(key, 0)
 
+    def _note_prefix_totals(self, now: float) -> None:
+        stats = list(self.replica_stats.values())
+        totals = (self._counter(stats, "prefix_cache_queries"), self._counter(stats, "prefix_cache_hits"))
+        if totals != self._prefix_totals[-1][1:]:
+            self._prefix_totals.append((now, *totals))
+
+    def _prefix_hit_rate(self, now: float) -> float:
+        """Hits / queries (prompt tokens) over the window: the newest totals against the last
+        ones from before the window began; 0 when nothing was looked up."""
+        totals = self._prefix_totals
+        while len(totals) > 1 and now - totals[1][0] > WINDOW_S:
+            totals.popleft()
+        queries = totals[-1][1] - totals[0][1]
+        return (totals[-1][2] - totals[0][2]) / queries if queries > 0 else 0.0
+
+    def failure_metrics(self, now: float, ttft: list[float], stats: list[dict[str, Any]]) -> dict[str, Any]:
+        """The /failures gallery's keys of the queue, router and scheduler rows (issue 15's part B);
+        numbers in every snapshot: 0 while the window has nothing."""
+        return {
+            "expired_prefill_tokens": self._counter(stats, "expired_prefill_tokens"),
+            "ttft_max": ttft[-1] if ttft else 0.0,
+            "ttft_p999": window_percentile(ttft, 99.9) or 0.0,
+            "prefix_hit_rate": self._prefix_hit_rate(now),
+        }
+
     def _counter(self, stats: list[dict[str, Any]], key: str) -> int:
         return self._retired[key] + sum(s.get(key, 0) for s in stats)
 
@@ -195,6 +226,9 @@ class MetricsBus:
             itl = sorted(v for _, v in self._recent_itl)
             waits = sorted(v for _, v in self._recent_queue)
             span = min(WINDOW_S, max(1e-3, now - self._recent_tokens[0][0])) if self._recent_tokens else 1.0
+            rejected = dict(rejected or {})
+            if expired := self._counter(stats, "num_expired"):  # dropped at a replica, not in the queue
+                rejected["deadline"] = rejected.get("deadline", 0) + expired
             return {
                 "time": now,
                 "queue_depth": queue_depth,
@@ -210,13 +244,13 @@ class MetricsBus:
                 "queue_time_p99": window_percentile(waits, 99),
                 "tokens_per_s": sum(n for _, n in self._recent_tokens) / span,
                 "replicas": dict(replicas or {}),
-                "rejected": dict(rejected or {}),
+                "rejected": rejected,
                 "preempted": self._counter(stats, "num_preemptions"),
                 "batch_size": sum(s.get("batch_size", 0) for s in stats),
                 # Tensor parallelism: the slowest replica's time in all-reduces per step.
                 "allreduce_ms": max((s.get("allreduce_ms_per_step", 0.0) for s in stats), default=0.0),
                 "max_num_seqs": sum(s.get("max_num_seqs", 0) for s in stats),
-            } | self.wasted_fields(now)
+            } | self.wasted_fields(now) | self.failure_metrics(now, ttft, stats)
 
     def prometheus_text(
         self,
@@ -249,6 +283,7 @@ class MetricsBus:
         for state, count in sorted(snap["replicas"].items()):
             lines.append(f'servelab_replicas{{state="{state}"}} {count}')
         lines.append(f"servelab_wasted_tokens_total {self.wasted_tokens}")
+        lines.append(f"servelab_expired_prefill_tokens_total {snap['expired_prefill_tokens']}")
         for source in list(self.text_sources):
             lines += source()
         return "\n".join(lines) + "\n"

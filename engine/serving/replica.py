@@ -34,6 +34,7 @@ from engine.serving.messages import (
     StepMessage,
     Stop,
     TokenDelta,
+    expired_error,
 )
 from engine.serving.replica_api import ENDED, ReplicaState, ReplicaStats
 
@@ -48,7 +49,7 @@ def replica_main(
     """The child process: load the engine, then loop: take commands, step, report."""
     from engine.distributed import ShardGroupError
     from engine.errors import InvalidParamError
-    from engine.llm_engine import LLMEngine
+    from engine.llm_engine import DEADLINE, LLMEngine
     from engine.memory import copy_bandwidth_gbs
 
     clock = WALL_CLOCK
@@ -89,6 +90,9 @@ def replica_main(
                         cmd.params,
                         prompt_token_ids=cmd.prompt_token_ids,
                         arrival_time=cmd.arrival_time,
+                        deadline=cmd.deadline,
+                        drop_if_expired=cmd.drop_if_expired,
+                        priority=cmd.priority,
                     )
                 except InvalidParamError as err:
                     errors.append(RequestError(cmd.request_id, err.param, err.message))
@@ -107,7 +111,9 @@ def replica_main(
         if engine.has_work():
             progress["step_started"] = clock.now()
             try:
-                deltas = [_delta(out) for out in engine.step()]
+                outputs = engine.step()
+                deltas = [_delta(out) for out in outputs if out.finish_reason != DEADLINE]
+                errors += [expired_error(out.request_id) for out in outputs if out.finish_reason == DEADLINE]
             except ShardGroupError as exc:  # a tensor-parallel rank hung or died: the group is gone
                 errors += [RequestError(rid, None, str(exc)) for rid in engine.requests]
                 outbox.put(
@@ -236,6 +242,9 @@ class ReplicaHandle:
         params: SamplingParams,
         events: queue.Queue | None = None,
         arrival_time: float | None = None,
+        deadline: float | None = None,
+        drop_if_expired: bool = True,
+        priority: int = 0,
     ) -> queue.Queue:
         """Queue of events for this request (the caller's, or a new one): TokenDelta (the last
         one has finished=True) or a RequestError, after which nothing more comes.
@@ -250,7 +259,7 @@ class ReplicaHandle:
                 return events
             self._streams[request_id] = events
         arrival = WALL_CLOCK.now() if arrival_time is None else arrival_time
-        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, arrival))
+        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, arrival, deadline, drop_if_expired, priority))
         return events
 
     def abort(self, request_id: str) -> None:

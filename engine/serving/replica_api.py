@@ -77,6 +77,9 @@ class Replica(Protocol):
         params: SamplingParams,
         events: queue.Queue | None = None,
         arrival_time: float | None = None,
+        deadline: float | None = None,
+        drop_if_expired: bool = True,
+        priority: int = 0,
     ) -> queue.Queue: ...
 
     def abort(self, request_id: str) -> None: ...

@@ -5,7 +5,11 @@ jitter, so refused clients do not come back as one wave (the defence `retry_jitt
 the exact drain estimate, and clients refused together return together). A request's arrival time is stamped
 here, once, at the moment it is admitted: it travels with the request to its replica, so TTFT,
 queue time and e2e latency all include the wait in this queue. The deadline counts from it and
-is checked again at dequeue, so a request whose client has given up never buys a prefill."""
+is checked again at dequeue, so a request whose client has given up never buys a prefill.
+
+Two of the defences (engine/serving/defences.py) live here, read at each decision: queue_bound
+off, the cap is ignored and the queue becomes a delay line; deadline_recheck off, nothing is
+dropped at its deadline (the replica then prefills it anyway)."""
 
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class QueuedRequest:
     deadline: float | None = None
     payload: Any = None  # what the caller needs to answer it (its stream)
     block_hashes: list[int] | None = None  # the prompt's chained block keys, for routing
+    priority: int = 0  # vLLM's request priority, lower sooner: the replica's scheduler orders by it
 
 
 @dataclass
@@ -49,14 +54,15 @@ class RequestQueue:
         rng: random.Random | None = None,
         defences: Defences | None = None,
     ) -> None:
-        """defences: the fleet's (read at each refusal: retry_jitter); None: all on."""
+        """defences: the fleet's (read at each decision: queue_bound, deadline_recheck,
+        retry_jitter); None: all on."""
         if cap < 1:
             raise ValueError("queue_cap must be at least 1")
         self.cap = cap
         self.deadline_s = deadline_s
         self.clock = clock
         self.rng = rng or random.Random()
-        self.defences = Defences() if defences is None else defences
+        self.defences = Defences() if defences is None else defences  # the fleet's: never copied
         self._items: deque[QueuedRequest] = deque()
         self._dequeued_at: deque[float] = deque()
         self._expired: list[QueuedRequest] = []
@@ -71,7 +77,7 @@ class RequestQueue:
         return any(r.request_id == request_id for r in list(self._items))
 
     def offer(self, request: QueuedRequest) -> Admission:
-        if len(self._items) >= self.cap:
+        if self.defences.queue_bound and len(self._items) >= self.cap:
             self.num_rejected += 1
             return Admission(False, "queue_full", self.retry_after())
         now = self.clock.now()
@@ -127,6 +133,8 @@ class RequestQueue:
         return self.rng.randint(1, max(2, math.ceil(2 * expected)))
 
     def _expire(self) -> None:
+        if not self.defences.deadline_recheck:
+            return  # the failure: late requests stay queued and get dispatched
         now = self.clock.now()
         while self._items and self._items[0].deadline is not None and now > self._items[0].deadline:
             self._expired.append(self._items.popleft())

@@ -4,7 +4,12 @@ submit() checks everything cheap before any expensive work (key, rate limit, con
 and either queues the request or refuses it. A dispatcher thread commits the queue's head to a
 ready replica only when that replica has room (a free batch slot, KV blocks for the prompt and
 nothing waiting inside it), preferring the replica that already caches the longest prefix of
-the prompt, so no request waits in one replica's inbox while another sits idle."""
+the prompt, so no request waits in one replica's inbox while another sits idle.
+
+Its defences (engine/serving/defences.py, the fleet's object, read at each decision): with
+central_queue off each request is handed at arrival to the next replica in turn, whatever it
+holds (per-replica inboxes: a request can wait behind one replica's long prefill while another
+idles); with prefix_aware_routing off the cached prefix is ignored and equal loads take turns."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from engine.block_manager import blocks_for
 from engine.clock import WALL_CLOCK, Clock
 from engine.errors import ServingError
 from engine.sampling_params import SamplingParams
+from engine.serving.defences import Defences
 from engine.serving.driver import WallClockDriver
 from engine.serving.events import EventLog
 from engine.serving.messages import RequestError
@@ -61,14 +67,18 @@ class Router:
         clock: Clock = WALL_CLOCK,
         events: EventLog | None = None,
         dispatch_thread: bool = True,
+        defences: Defences | None = None,
     ) -> None:
         """dispatch_thread=False: no thread; the caller's driver runs dispatch_step() (the fleet's,
-        the what-if loop). True: a WallClockDriver of its own runs it (a router used alone)."""
+        the what-if loop). True: a WallClockDriver of its own runs it (a router used alone).
+        defences: the fleet's guards, shared with the queue; None: all on."""
         self.replicas = list(replicas)
         self.config = config
         self.clock = clock
         self.events = events or EventLog(clock)
-        self.queue = RequestQueue(config.queue_cap, config.deadline_s, clock)
+        self.defences = Defences() if defences is None else defences
+        self.queue = RequestQueue(config.queue_cap, config.deadline_s, clock, defences=self.defences)
+        self._turn = 0  # whose turn it is: round robin (central_queue off) and ties without prefix routing
         self.limiter = RateLimiter(config.rate_limit, clock)
         self.rejected: dict[str, int] = {}
         self.max_depth_seen = 0
@@ -88,10 +98,12 @@ class Router:
         params: SamplingParams,
         api_key: str | None = None,
         events: queue.Queue | None = None,
+        priority: int = 0,
     ) -> queue.Queue:
         """Admit or refuse (AdmissionError); an admitted request's events arrive on the returned
         queue (`events` if given: requests of one API call, n > 1 or a batch, share one):
-        TokenDelta, or one RequestError (deadline, failed replica) that ends it."""
+        TokenDelta, or one RequestError (deadline, failed replica) that ends it. priority: the
+        replica's scheduler admits lower first (aging raises a waiter's); the central queue is FIFO."""
         self.authorize(api_key)
         wait = self.limiter.check(api_key or "")
         if wait > 0:
@@ -106,7 +118,8 @@ class Router:
             )
         events = queue.Queue() if events is None else events
         with self._lock:
-            admission = self.queue.offer(QueuedRequest(request_id, prompt_token_ids, params, payload=events))
+            queued = QueuedRequest(request_id, prompt_token_ids, params, payload=events, priority=priority)
+            admission = self.queue.offer(queued)
             self.max_depth_seen = max(self.max_depth_seen, len(self.queue))
         if not admission.admitted:
             raise self._refuse(429, "queue_full", "the request queue is full", retry_after_s=admission.retry_after_s)
@@ -178,21 +191,49 @@ class Router:
                     self._count("no_replica", stranded.request_id)
                     stranded.payload.put(RequestError(stranded.request_id, None, "no replica is available"))
             while (head := self.queue.peek()) is not None:
-                replica = self._pick(head)
+                replica = self._pick(head) if self.defences.central_queue else self._next_in_turn()
                 if replica is None:
                     break
                 self.queue.pop()
                 self._remember_prefix(replica, head)
                 replica.submit(
-                    head.request_id, head.prompt_token_ids, head.params, events=head.payload, arrival_time=head.arrival
+                    head.request_id,
+                    head.prompt_token_ids,
+                    head.params,
+                    events=head.payload,
+                    arrival_time=head.arrival,
+                    deadline=head.deadline,
+                    drop_if_expired=self.defences.deadline_recheck,
+                    priority=head.priority,
                 )
                 dispatched += 1
         return dispatched
 
+    def _next_in_turn(self) -> Replica | None:
+        """central_queue off: the next ready replica in turn, room or not (its inbox holds the rest)."""
+        ready = [r for r in self.replicas if r.state == ReplicaState.READY]
+        if not ready:
+            return None
+        self._turn += 1
+        return ready[self._turn % len(ready)]
+
+    def replica_queue_depths(self) -> list[int]:
+        """Requests handed to each serving replica and not yet running there (its inbox and its
+        scheduler's waiting line, central queue excluded): the central_queue row's metric."""
+        with self._lock:
+            replicas = list(self.replicas)
+        return [max(0, r.num_in_flight - (r.stats.running if r.stats else 0)) for r in replicas]
+
     def _pick(self, request: QueuedRequest) -> Replica | None:
-        hashes = self._block_hashes(request)
+        prefix_aware = self.defences.prefix_aware_routing
+        hashes = self._block_hashes(request) if prefix_aware else []
         best, best_key = None, None
-        for replica in self.replicas:
+        n = len(self.replicas)
+        # Prefix-blind, equal loads take turns (a plain least-loaded balancer), so a shared prompt
+        # lands on every replica in turn; prefix-aware, ties go to the first, as they always have.
+        start = 0 if prefix_aware else self._turn
+        for offset in range(n):
+            replica = self.replicas[(start + offset) % n]
             if not self._has_room(replica, request):
                 continue
             known = self._prefixes.setdefault(replica.replica_id, OrderedDict())
@@ -200,6 +241,8 @@ class Router:
             key = (cached, -replica.num_in_flight)
             if best_key is None or key > best_key:
                 best, best_key = replica, key
+        if best is not None and not prefix_aware:
+            self._turn += 1
         return best
 
     def _has_room(self, replica: Replica, request: QueuedRequest) -> bool:

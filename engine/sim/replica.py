@@ -18,11 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.errors import InvalidParamError
-from engine.llm_engine import LLMEngine
+from engine.llm_engine import DEADLINE, LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
-from engine.serving.messages import RequestError, StepMessage, TokenDelta
+from engine.serving.messages import RequestError, StepMessage, TokenDelta, expired_error
 from engine.serving.replica_api import ENDED, ReplicaState, ReplicaStats
 from engine.sim.loop import EventLoop
 from engine.sim.runner import CostModelRunner
@@ -107,28 +107,43 @@ class SimReplica:
         params: SamplingParams,
         events: queue.Queue | None = None,
         arrival_time: float | None = None,
+        deadline: float | None = None,
+        drop_if_expired: bool = True,
+        priority: int = 0,
     ) -> queue.Queue:
         events = queue.Queue() if events is None else events
+        routed = (deadline, drop_if_expired, priority)
         if self.state != ReplicaState.READY:
             events.put(RequestError(request_id, None, f"replica {self.replica_id} is {self.state}"))
             return events
         self._streams[request_id] = events
         if self.kv_transfer_s is None:
-            self._add(request_id, prompt_token_ids, params, arrival_time)
+            self._add(request_id, prompt_token_ids, params, arrival_time, routed)
         else:
             received = prompt_token_ids[:-1]  # the last id is the token the prefill replica sampled
 
             def land() -> None:
                 if request_id in self._streams:  # not failed or stopped meanwhile
                     self.engine.kv.import_prefix(received)
-                    self._add(request_id, prompt_token_ids, params, arrival_time)
+                    self._add(request_id, prompt_token_ids, params, arrival_time, routed)
 
             self.loop.after(self.kv_transfer_s(len(received)), land)
         return events
 
-    def _add(self, request_id: str, prompt: list[int], params: SamplingParams, arrival_time: float | None) -> None:
+    def _add(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        arrival_time: float | None,
+        routed: tuple[float | None, bool, int] = (None, True, 0),
+    ) -> None:
+        deadline, drop, priority = routed  # what the router decided besides the request itself
         try:
-            self.engine.add_request(request_id, None, params, prompt_token_ids=prompt, arrival_time=arrival_time)
+            self.engine.add_request(
+                request_id, None, params, prompt_token_ids=prompt, arrival_time=arrival_time,
+                deadline=deadline, drop_if_expired=drop, priority=priority,
+            )
         except InvalidParamError as err:
             self._streams.pop(request_id).put(RequestError(request_id, err.param, err.message))
             return
@@ -214,13 +229,20 @@ class SimReplica:
             "kv_total_blocks": st.kv_total_blocks, "max_num_seqs": st.max_num_seqs,
             "num_preemptions": st.num_preemptions, "batch_size": batch_size,
             "allreduce_ms_per_step": self.runner.last_cost.allreduce_s * 1000,
+            # The running totals the failure gallery reads (engine/serving/metrics.py COUNTERS).
+            "prefix_cache_queries": self.engine.kv.prefix_queries, "prefix_cache_hits": self.engine.kv.prefix_hits,
+            "num_expired": self.engine.scheduler.num_expired,
+            "expired_prefill_tokens": self.engine.scheduler.expired_prefill_tokens,
         }
         deltas, self._deltas = self._deltas, []
         self.on_message(StepMessage(self.replica_id, self.loop.clock.now(), deltas, stats=stats, state=self.state))
 
     def _report(self, outputs: list) -> None:
         for out in outputs:
-            if out.finished:
+            if out.finished and out.finish_reason == DEADLINE:  # as a live replica answers it
+                if (expired := self._streams.pop(out.request_id, None)) is not None:
+                    expired.put(expired_error(out.request_id))
+            elif out.finished:
                 seq = out.seq
                 events = self._streams.pop(out.request_id, None)
                 if events is not None or self.on_message is not None:
