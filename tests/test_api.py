@@ -144,6 +144,8 @@ MATRIX = [
     ({"body": {"prompt": "hi", "stream": True, "stream_options": {"x": 1}}}, 400, "stream_options.x"),
     ({"body": {"prompt": "hi", "stream": "yes"}}, 400, "stream"),
     ({"body": {"prompt": "hi", "stop": [1]}}, 400, "stop"),
+    ({"body": {"prompt": "hi", "priority": "high"}}, 400, "priority"),
+    ({"body": {"prompt": "hi", "priority": 10**7}}, 400, "priority"),
     ({"body": {"prompt": "hi", "model": "gpt-4"}}, 404, "model"),
     ({"body": {"prompt": BIG}}, 413, None),
     ({"body": {"prompt": "hi"}, "headers": {}}, 401, None),

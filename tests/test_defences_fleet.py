@@ -100,7 +100,10 @@ def test_scale_in_without_drain_cuts_streams_and_with_drain_finishes_them() -> N
         survivor = fleet.replicas[0]
         assert wait_for(lambda: survivor.stats is not None and survivor.stats.running == 0, 10)
         assert survivor.stats.kv_used_blocks == 0, survivor.stats
-        assert set(replica_pids(os.getpid())) - before == {survivor.process.pid}
+        # The drained replica's process exits just after it leaves `retiring`: give it a moment.
+        assert wait_for(lambda: set(replica_pids(os.getpid())) - before == {survivor.process.pid}, 15), (
+            set(replica_pids(os.getpid())) - before
+        )
     finally:
         fleet.stop()
 

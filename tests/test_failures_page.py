@@ -63,6 +63,18 @@ def test_step_3_sends_a_1500_token_prompt(server: ServerProcess, page: Page) -> 
     assert page.errors == []  # type: ignore[attr-defined]
 
 
+def test_a_step_page_shows_its_defences_and_their_metrics(server: ServerProcess, page: Page) -> None:
+    """Each step's page carries its own rows of the gallery: the metric that exposes each failure
+    is on the step's page, fed by the same snapshots."""
+    page.goto(f"{server.base_url}/steps/1?token={TOKEN}")
+    wait(page, "window.servelab && window.servelab.role === 'instructor' && window.servelab.snapshots > 0")
+    rows = page.locator("#step-failures .failure-row")
+    expect(rows).to_have_count(sum(f.step == 1 for f in FAILURES))
+    assert rows.evaluate_all("rs => rs.map(r => r.dataset.lever)") == [f.lever for f in FAILURES if f.step == 1]
+    wait(page, "window.servelab.failures.length > 0 && window.servelab.failures.every(r => r.points.length > 2)")
+    assert page.errors == []  # type: ignore[attr-defined]
+
+
 def test_three_toggles_break_and_fix_their_defences_and_the_sparklines_follow(server: ServerProcess, page: Page) -> None:
     page.goto(f"{server.base_url}/failures?token={TOKEN}")
     wait(page, "window.servelab && window.servelab.role === 'instructor' && window.servelab.lastSnapshot !== undefined")

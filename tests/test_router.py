@@ -102,3 +102,22 @@ def test_cheap_refusals_come_before_the_queue() -> None:
     assert err.value.status == 400 and err.value.param == "max_tokens"
     assert len(router.queue) == 1 and router.rejected == {"unauthorized": 1, "rate_limited": 1, "too_long": 1}
     router.close()
+
+
+@pytest.mark.parametrize("jitter", [True, False])
+def test_rate_limit_refusals_carry_jittered_retry_after(jitter: bool) -> None:
+    """A rate-limited key's 429s: Retry-After is never shorter than the bucket's wait, and with
+    retry_jitter on it varies (the refused spread out); off, it is the wait itself, every time."""
+    from engine.serving.defences import Defences
+
+    clock = VirtualClock()
+    router = Router([], RouterConfig(rate_limit=0.25), clock, defences=Defences(retry_jitter=jitter))
+    router.submit("first", [1], SHORT, api_key="k")  # takes the bucket's token: the next waits 4 s
+    waits = []
+    for i in range(40):
+        with pytest.raises(AdmissionError) as err:
+            router.submit(f"r{i}", [1], SHORT, api_key="k")
+        assert err.value.reason == "rate_limited" and err.value.retry_after_s >= 4
+        waits.append(err.value.retry_after_s)
+    assert (len(set(waits)) > 2) if jitter else (set(waits) == {4})
+    router.close()

@@ -71,7 +71,9 @@ FAILURES: tuple[Failure, ...] = (
             "its prompt has been computed in one piece.", needs="a long prompt (step 3's button)"),
     Failure(4, "aging", "The unlucky request waits forever", "ttft_max", Direction.UP,
             "Under sustained load most requests are fine and the median looks healthy, but a few are "
-            "passed over again and again: the complaints come from the tail, not the average."),
+            "passed over again and again: the complaints come from the tail, not the average.",
+            needs="central_queue off, so requests wait in the replica's scheduler (a quarter of the lab's traffic "
+            "is batch jobs at a lower priority)"),
     Failure(4, "batch_invariant", "The same prompt, a different answer", "tokens_per_s", Direction.UP,
             "Greedy decoding is not reproducible across load: the batch a request lands in changes the "
             "order of its sums, and so its logits; evaluations and cached answers disagree. Making it "

@@ -136,7 +136,9 @@ def _generate(kind: str) -> Response:
             j = choice.index % req.n
             # Samples of one prompt are independent: with a seed, each gets its own (seed + j).
             params = req.params if not j or req.params.seed is None else replace(req.params, seed=req.params.seed + j)
-            f.submit(choice.request_id, prompts[choice.prompt_index], params, api_key, events=events)
+            f.submit(
+                choice.request_id, prompts[choice.prompt_index], params, api_key, events=events, priority=req.priority
+            )
             choice.submitted = True
     except ServingError:
         _abort(f, out.choices)  # all or none: the ones already admitted stop

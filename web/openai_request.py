@@ -21,19 +21,20 @@ from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 log = logging.getLogger("servelab.api")
 
 MAX_N = 128  # OpenAI's bound on choices per request
+MAX_PRIORITY = 1_000_000
 
 # Implemented (or read) by the parser, on both endpoints. vLLM's sampling extras are included.
 COMMON = {
     "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
     "stop", "seed", "presence_penalty", "frequency_penalty", "logprobs", "user",
-    "ignore_eos", "top_k", "min_p", "min_tokens", "repetition_penalty", "stop_token_ids",
+    "ignore_eos", "top_k", "min_p", "min_tokens", "repetition_penalty", "stop_token_ids", "priority",
 }  # fmt: skip
 COMPLETION_ONLY = {"prompt", "echo", "best_of"}
 CHAT_ONLY = {"messages", "top_logprobs", "add_generation_prompt"}
 # Accepted and not acted on: they change nothing in what is generated.
 NO_EFFECT = {
     "metadata": dict, "store": bool, "service_tier": str, "prompt_cache_key": str, "prompt_cache_retention": str,
-    "safety_identifier": str, "parallel_tool_calls": bool, "request_id": str, "priority": int,
+    "safety_identifier": str, "parallel_tool_calls": bool, "request_id": str,
 }  # fmt: skip
 
 
@@ -84,6 +85,7 @@ class ParsedRequest:
     request_id: str
     created: int
     score_only: bool = False  # echo with max_tokens 0: the prompt's logprobs, nothing generated
+    priority: int = 0  # vLLM's extension: lower is scheduled first (aging lifts a long waiter)
 
 
 def bad(message: str, param: str | None, code: str = "invalid_value", status: int = 400) -> ServingError:
@@ -147,8 +149,18 @@ def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
         bool(options.get("include_usage")), bool(options.get("continuous_usage_stats")), echo, logprobs,
         check(body, "add_generation_prompt", (bool,)) is not False,
         f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), score_only,
+        _priority(body),
     )  # fmt: skip
     return req
+
+
+def _priority(body: dict[str, Any]) -> int:
+    priority = check(body, "priority", (int,))
+    if priority is None:
+        return 0
+    if abs(priority) > MAX_PRIORITY:
+        raise bad(f"priority must be between {-MAX_PRIORITY} and {MAX_PRIORITY}, got {priority}", "priority")
+    return priority
 
 
 def _check_fields(body: dict[str, Any], kind: str) -> None:

@@ -55,6 +55,7 @@ def step(number: int) -> str:
         levers=[LEVERS[key] for key in lesson.meta["levers"]],
         charts=lesson.meta["charts"],
         diagram=diagram(number),
+        failures=[f for f in FAILURES if f.step == number],  # this step's defences, with their metrics
         **_shared(),
     )
 

@@ -72,6 +72,7 @@ class LoadRequest:
     request_id: str
     prompt_token_ids: list[int]
     max_tokens: int
+    priority: int = 0  # vLLM's request priority: lower is served first (the lab's batch jobs: 1)
 
 
 def draw_length(rng: random.Random, mean: int, ratio: float) -> int:
@@ -113,7 +114,9 @@ class RouterTarget:
         params = SamplingParams(temperature=0, max_tokens=request.max_tokens, ignore_eos=True)
         record.start(now())
         try:
-            events = self.router.submit(request.request_id, request.prompt_token_ids, params, api_key=self.api_key)
+            events = self.router.submit(
+                request.request_id, request.prompt_token_ids, params, api_key=self.api_key, priority=request.priority
+            )
         except AdmissionError as err:
             record.reject(err.status, err.retry_after_s, f"{err.reason}: {err.message}")
             return
@@ -159,7 +162,7 @@ class HttpTarget:
             "ignore_eos": True,  # every request generates exactly max_tokens, as in vLLM's bench
             "stream": True,
             "stream_options": {"include_usage": True},
-        }
+        } | ({"priority": request.priority} if request.priority else {})
 
     def send(self, request: LoadRequest, record: RequestRecord, stop: threading.Event) -> None:
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection

@@ -14,6 +14,7 @@ idles); with prefix_aware_routing off the cached prefix is ignored and equal loa
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 from collections import OrderedDict
@@ -107,7 +108,7 @@ class Router:
         self.authorize(api_key)
         wait = self.limiter.check(api_key or "")
         if wait > 0:
-            raise self._refuse(429, "rate_limited", "rate limit exceeded", retry_after_s=max(1, round(wait + 0.5)))
+            raise self._refuse(429, "rate_limited", "rate limit exceeded", retry_after_s=self._rate_retry_after(wait))
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.config.max_model_len:
             raise self._refuse(
@@ -126,6 +127,12 @@ class Router:
         self.events.emit("admitted", f"{request_id} queued ({len(prompt_token_ids)} prompt tokens)", id=request_id)
         self.wake.set()
         return events
+
+    def _rate_retry_after(self, wait: float) -> int:
+        """Whole seconds until the key's bucket allows a request, plus up to as much again of
+        jitter, so the refused do not come back in step; with retry_jitter off, the wait alone."""
+        base = max(1, math.ceil(wait))
+        return base + self.queue.rng.randint(0, base) if self.defences.retry_jitter else base
 
     def authorize(self, api_key: str | None) -> None:
         if self.config.api_keys and api_key not in self.config.api_keys:

@@ -30,6 +30,12 @@ from engine.serving.loadgen_metrics import RequestRecord
 from engine.serving.proxy import LabProxy, ProxySettings
 from engine.serving.router import Router
 
+# The lab's traffic is a mix, as a real service's is: every BATCH_EVERY-th request is a batch
+# job at a lower priority (vLLM's `priority`: higher is later). Aging keeps those from starving
+# behind the interactive ones (the aging row of /failures, with central_queue off so that
+# requests wait in a replica's own scheduler, where priorities order them).
+BATCH_EVERY = 4
+BATCH_PRIORITY = 1
 MAX_IN_FLIGHT = 512  # client threads: past this the generator waits, so the web process stays light
 
 
@@ -149,7 +155,10 @@ class TrafficDriver:
         n_in = draw_length(self.rng, int(levers["prompt_tokens"]), 0.5)
         n_out = draw_length(self.rng, int(levers["output_tokens"]), 0.5)
         request = LoadRequest(
-            f"flood-{self._run_id}-{self.sent}", [self.rng.randrange(*VOCAB) for _ in range(n_in)], n_out
+            f"flood-{self._run_id}-{self.sent}",
+            [self.rng.randrange(*VOCAB) for _ in range(n_in)],
+            n_out,
+            BATCH_PRIORITY if self.sent % BATCH_EVERY == BATCH_EVERY - 1 else 0,
         )
         self.sent += 1
         return request
