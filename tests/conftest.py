@@ -33,3 +33,16 @@ def browser() -> Any:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-background-networking"])
         yield browser
         browser.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Any:
+    """A fresh browser context and page per test, 1400x1000. `page.errors` collects the page's
+    console errors and uncaught exceptions, `page.uncaught` the exceptions alone."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.errors, page.uncaught = [], []
+    page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
+    page.on("pageerror", lambda e: (page.errors.append(str(e)), page.uncaught.append(str(e))))
+    yield page
+    context.close()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from tests.server_process import ServerProcess
 from web.failures import FAILURES
@@ -32,18 +32,6 @@ def server() -> Iterator[ServerProcess]:
     )
     yield proc
     proc.stop()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.errors = errors  # type: ignore[attr-defined]
-    yield page
-    context.close()
 
 
 def wait(page: Page, expression: str, arg: object = None, timeout_s: float = 90) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from engine.levers import LEVERS
 from tests.server_process import ROOT, ServerProcess
@@ -37,17 +37,6 @@ def server() -> Iterator[ServerProcess]:
     )
     yield proc
     proc.stop()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.console_errors = []  # type: ignore[attr-defined]
-    page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))  # type: ignore[attr-defined]
-    page.on("pageerror", lambda e: page.console_errors.append(str(e)))  # type: ignore[attr-defined]
-    yield page
-    context.close()
 
 
 def open_as_instructor(page: Page, server: ServerProcess, path: str) -> None:
@@ -87,7 +76,7 @@ def test_every_page_loads_shows_its_levers_and_streams_charts(server: ServerProc
             expect(page.locator("[data-env=sequences_fit]")).not_to_have_text("…")
         name = path.strip("/").replace("/", "-") or "index"
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-        assert page.console_errors == [], f"{path}: {page.console_errors}"  # type: ignore[attr-defined]
+        assert page.errors == [], f"{path}: {page.errors}"  # type: ignore[attr-defined]
 
 
 def test_snapshots_arrive_at_least_five_times_a_second(server: ServerProcess, page: Page) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from tests.server_process import ServerProcess
 
@@ -25,14 +25,10 @@ def server() -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+def page(page: Page) -> Iterator[Page]:
+    """conftest's page, failing the test on any uncaught exception in it."""
     yield page
-    context.close()
-    assert errors == []
+    assert page.uncaught == []  # type: ignore[attr-defined]
 
 
 def open_page(page: Page, server: ServerProcess, path: str) -> None:
