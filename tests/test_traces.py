@@ -197,3 +197,12 @@ def test_a_real_engine_step_makes_a_record(llm_fp32: Any) -> None:
     assert [(e.phase, e.tokens) for e in second.entries] == [("decode", 1), ("decode", 1)]
     assert first.start < first.end <= second.start < second.end
     assert first.max_batched_tokens == engine.config.max_batched_tokens and first.preempted == ()
+
+
+def test_the_step_ring_keeps_only_the_newest() -> None:
+    from engine.step_record import StepRing
+
+    ring = StepRing(size=3)
+    for i in range(5):
+        ring.append(StepRecord(0, float(i), i + 0.5, 64, 4, (), ()))
+    assert [r.start for r in ring.take()] == [2.0, 3.0, 4.0] and len(ring) == 0

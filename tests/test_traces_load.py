@@ -143,12 +143,16 @@ def test_thirty_watchers_each_get_five_snapshots_a_second_and_the_decode_step_ba
         time.sleep(WATCH_S)
         b1 = time.monotonic()
         page_probes = [page.evaluate("window.loadProbe.lags") for page in pages]
-        for w in watchers:
-            w.sio.disconnect()
+        leaving = [threading.Thread(target=w.sio.disconnect) for w in watchers]  # each waits for its close
+        for thread in leaving:
+            thread.start()
+        for thread in leaving:
+            thread.join(30)
         for context in contexts:
             context.close()
         contexts.clear()
         time.sleep(2)  # the departed are gone from the stream
+        print(f"the thirty gone {time.monotonic() - b1:.1f} s after the watch")
         c0 = time.monotonic()
         time.sleep(BASELINE_S)
         c1 = time.monotonic()
@@ -163,7 +167,8 @@ def test_thirty_watchers_each_get_five_snapshots_a_second_and_the_decode_step_ba
     for i, w in enumerate(everyone):
         count, worst = w.window(b0, b1)
         assert count >= 5 * (b1 - b0) * 0.98, f"client {i}: {count} snapshots in {b1 - b0:.0f} s"
-        assert worst <= 1.0, f"client {i} fell {worst:.2f} s behind"
+        late = sum(lag > 1.0 for t, lag in zip(w.arrivals, w.lags) if b0 <= t < b1)
+        assert worst <= 1.0, f"client {i} fell {worst:.2f} s behind ({late} of {count} snapshots over 1 s)"
     page_worst = []
     for i, probe in enumerate(page_probes):
         assert len(probe) >= 5 * WATCH_S * 0.98, f"page {i}: {len(probe)} snapshots in {WATCH_S:.0f} s"

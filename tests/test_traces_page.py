@@ -34,6 +34,7 @@ def server() -> Iterator[ServerProcess]:
 
 @pytest.fixture(scope="module")
 def page(browser: Browser, server: ServerProcess) -> Iterator[Page]:
+    ARTIFACTS.mkdir(exist_ok=True)
     context = browser.new_context(viewport={"width": 1400, "height": 1200})
     page = context.new_page()
     errors: list[str] = []
