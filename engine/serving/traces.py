@@ -27,6 +27,9 @@ WINDOW_ROWS = 300
 ROWS_PER_S = 30.0  # new rows a second at most, beyond those with a user: what a browser can draw
 STEPS_KEPT = 60  # the batch chart's steps: the newest, across replicas
 MAX_USER_LENGTH = 64
+# A decoding row changes every step, but what a browser draws of it (a decode bar up to now) does
+# not: it is sent again at most this often until its phase changes (a tick's bytes stay small).
+REFRESH_S = 1.0
 
 
 class Outcome(enum.StrEnum):
@@ -64,6 +67,7 @@ class TraceRow:
     output_tokens: int = 0
     tpot: float | None = None
     _prefill_end: float | None = None  # the end of its latest prefill step: that step sampled a token
+    _sent: float = float("-inf")  # when take_changes last sent it
 
     @property
     def ended(self) -> bool:
@@ -147,8 +151,9 @@ class RequestTraces:
                 row = self._rows.get(delta.request_id)
                 if row is None or row.ended:
                     continue
-                self._changed[row.id] = None
                 times = delta.times
+                if times is not None or row.outcome is not Outcome.DECODE or msg.time - row._sent >= REFRESH_S:
+                    self._changed[row.id] = None
                 if times is not None:  # the engine's own stamps: on a first token and at the end
                     row.scheduled = times.scheduled if times.scheduled is not None else row.scheduled
                     row.first_token = times.first_token if times.first_token is not None else row.first_token
@@ -191,7 +196,11 @@ class RequestTraces:
         whole: every row and the recent steps instead (a stream switching to these traces)."""
         with self._lock:
             ids = self._rows if whole else self._changed
-            rows = [self._rows[i].to_dict() for i in ids if i in self._rows]
+            sent = [self._rows[i] for i in ids if i in self._rows]
+            now = self.clock.now()
+            for row in sent:
+                row._sent = now
+            rows = [row.to_dict() for row in sent]
             steps = [s.to_dict() for s in (self._steps if whole else self._new_steps)]
             self._changed.clear()
             self._new_steps.clear()
@@ -243,7 +252,8 @@ class RequestTraces:
             row = rows.get(entry.request_id)
             if row is None or row.ended:
                 continue
-            self._changed[row.id] = None
+            if entry.phase == "prefill" or row.outcome is not Outcome.DECODE or record.end - row._sent >= REFRESH_S:
+                self._changed[row.id] = None
             row.replica = record.replica
             if row.scheduled is None:
                 row.scheduled = record.start
