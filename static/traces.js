@@ -51,22 +51,31 @@
     steps: () => steps.slice(),
     summary: () => ({ summary: Object.assign({}, summary), sampled: sampled }),
     onUpdate: (callback) => { listeners.push(callback); },
+    cost: () => Object.assign({}, cost),
     highlightUser: (userId) => { highlighted = userId === null || userId === undefined ? null : String(userId); schedule(); },
   };
   window.servelabTraces = api;
 
   // ---- drawing -----------------------------------------------------------------------------------
-  let pending = false;
+  // At most DRAW_HZ redraws a second: the stream ticks six times, and a page must keep up with
+  // its snapshots on a busy machine (the charts beside these are Plotly's).
+  const DRAW_HZ = 3;
+  let pending = false, lastDraw = 0;
   function schedule() {
     if (pending) return;
     pending = true;
-    requestAnimationFrame(() => { pending = false; draw(); });
+    const wait = Math.max(0, lastDraw + 1000 / DRAW_HZ - performance.now());
+    setTimeout(() => requestAnimationFrame(() => { pending = false; lastDraw = performance.now(); draw(); }), wait);
   }
+  const cost = { draws: 0, ms: 0 }; // what drawing has cost this page, for the load test
   function draw() {
+    const t0 = performance.now();
     const lanes = document.getElementById("chart-swimlanes");
     if (lanes) drawSwimlanes(lanes);
     const batch = document.getElementById("chart-batch_steps");
     if (batch) drawBatch(batch);
+    cost.draws += 1;
+    cost.ms += performance.now() - t0;
   }
   function el(name, attrs, parent) {
     const node = document.createElementNS(SVG, name);
