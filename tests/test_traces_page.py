@@ -139,3 +139,14 @@ def test_the_swimlanes_follow_the_simulated_fleet(page: Page) -> None:
     finally:
         page.evaluate("new Promise(r => window.servelab.socket.emit('flood', {action: 'stop'}, r))")
         page.evaluate("new Promise(r => window.servelab.socket.emit('set_levers', {executor: 'live'}, r))")
+
+
+def test_a_user_name_is_drawn_as_text_never_as_html(server: ServerProcess, page: Page) -> None:
+    name = "<img src=x onerror=window.pwned=1>"
+    page.evaluate(f"window.servelabTraces.highlightUser({name!r})")
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2, "user": name}).encode()
+    request = urllib.request.Request(f"{server.base_url}/v1/completions", body, {"Content-Type": "application/json"})
+    assert urllib.request.urlopen(request, timeout=120).status == 200
+    page.wait_for_function("document.querySelector('#chart-swimlanes g.lane.mine text.mine-label')", timeout=30_000)
+    assert name in page.locator("#chart-swimlanes g.lane.mine text.mine-label").first.text_content()
+    assert page.locator("#chart-swimlanes img").count() == 0 and page.evaluate("window.pwned === undefined")
