@@ -35,6 +35,7 @@ from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
 from engine.sequence import RequestTimes, Sequence, SequenceStatus
+from engine.step_record import StepRing, step_record
 
 if TYPE_CHECKING:
     from engine.logprobs import TokenLogprobs
@@ -100,6 +101,10 @@ class LLMEngine:
         self._to_abort: set[str] = set()
         self.num_steps = 0
         self.last_batch = SchedulerOutput()  # what the latest step ran, for stats and benchmarks
+        self.replica_id = 0  # which replica this engine is, for its step records
+        # What the latest steps ran (engine/step_record.py); None: not recorded (a headless simulation).
+        self.step_records: StepRing | None = StepRing()
+        self._step_started = 0.0
 
     def _load_live(self, config: EngineConfig) -> Executor:
         """Load the weights and tokenizer, shard them, plan the KV budget, build the runner."""
@@ -207,7 +212,7 @@ class LLMEngine:
         and calls end_step when the cost model says the step is over."""
         outputs = self._drop_aborted()
         batch = self.scheduler.schedule()
-        now = self.clock.now()
+        now = self._step_started = self.clock.now()
         for seq in batch.expired:  # never started: no blocks to free, nothing generated
             self._finish(seq, DEADLINE, now)
             outputs.append(RequestOutput(seq.request_id, [], "", True, DEADLINE, seq))
@@ -216,6 +221,9 @@ class LLMEngine:
 
     def end_step(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool = True) -> list[RequestOutput]:
         self.num_steps += 1
+        cfg, records = self.config, self.step_records  # read the batch before _postprocess moves it on
+        if records is not None:
+            records.append(step_record(batch, self.replica_id, self._step_started, self.clock.now(), cfg.max_batched_tokens, cfg.max_num_seqs))
         return self._postprocess(batch, new_tokens, stream)
 
     def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool) -> list[RequestOutput]:

@@ -41,7 +41,7 @@
               ["streams cut mid-stream", (s) => s.streams_cut_mid_stream]],
   };
   const COLORS = ["#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#7048e8"];
-  const charts = $$(".chart").map((el) => {
+  const charts = $$(".chart").filter((el) => el.dataset.metric in CHARTS).map((el) => { // traces.js draws the rest
     const spec = CHARTS[el.dataset.metric];
     const traces = spec.map(([name, , dash], i) => ({
       x: [], y: [], name: name, mode: "lines", line: { width: 2, color: COLORS[i % COLORS.length], dash: dash || "solid" },

@@ -35,7 +35,11 @@ CHARTS = {  # the live charts a lesson may name, with the title a page gives eac
     "batch_size": "Batch size / slots",
     "allreduce_ms": "Tensor parallel: all-reduce time per step (ms)",
     "scaling": "Autoscaler: scale changes, replicas ordered, streams cut (totals)",
+    # Drawn by static/traces.js from the `trace` event, not from the metrics snapshot.
+    "swimlanes": "Requests, one row each: queued, waiting, prefill chunks, decode, preempted, end",
+    "batch_steps": "The batch, step by step: tokens per engine step against the budget",
 }
+TRACE_CHARTS = frozenset({"swimlanes", "batch_steps"})  # the charts above that are not Plotly series
 FILE_NAME = re.compile(r"^(\d\d)-[a-z0-9-]+\.md$")
 _markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
 

@@ -1,7 +1,9 @@
 """The live stream: Socket.IO namespace `/live`.
 
 Server -> browser: `metrics` (a snapshot SNAPSHOT_HZ times a second, with the lab's status,
-bottleneck readings, recommended shape and levers), `event` (one per discrete event), `hello`
+bottleneck readings, recommended shape and levers), `event` (one per discrete event), `trace`
+(each tick: the request-trace rows that changed and the new engine steps, engine/serving/traces.py;
+the whole window, `full: true`, on connect and when the executor switches), `hello`
 (on connect: the live state and this browser's role). Both come from the executor the lab runs:
 in simulated mode the simulated fleet's, times in simulated seconds, each marked (`executor`,
 `badge`; an event's `sim`). Browser -> server: `set_levers`, `flood`, `scenario`,
@@ -42,6 +44,7 @@ class LiveChannel:
         self.roles: dict[str, str] = {}
         self._cursor = 0
         self._log = lab.events  # which executor's event log the cursor is in
+        self._traces = lab.traces  # which executor's traces the last `trace` tick read
         self._tick_lock = threading.Lock()
         socketio.on_event("connect", self.on_connect, namespace=NAMESPACE)
         socketio.on_event("disconnect", self.on_disconnect, namespace=NAMESPACE)
@@ -59,6 +62,7 @@ class LiveChannel:
         try:
             view = self.lab.snapshot(snap)
             self.socketio.emit("metrics", view, namespace=NAMESPACE)
+            self._publish_trace(snap["time"], view["run"])
             log = self.lab.events
             if log is not self._log:  # the executor switched: a simulated fleet's log is read whole
                 self._log, self._cursor = log, 0 if view["executor"] == "sim" else log.next_seq
@@ -78,6 +82,14 @@ class LiveChannel:
         finally:
             self._tick_lock.release()
 
+    def _publish_trace(self, time: float, run: int) -> None:
+        """One `trace` to every browser: built once a tick, only what changed since the last."""
+        traces = self.lab.traces
+        full = traces is not self._traces  # the executor switched: the new fleet's window, whole
+        self._traces = traces
+        body = traces.take_changes(whole=full)
+        self.socketio.emit("trace", {"time": time, "run": run, "full": full, **body}, namespace=NAMESPACE)
+
     # browser -> server ---------------------------------------------------------------------------
 
     def on_connect(self, auth: dict | None = None) -> None:
@@ -90,6 +102,9 @@ class LiveChannel:
             role = "viewer"
         self.roles[request.sid] = role  # type: ignore[attr-defined]
         self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state()}, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
+        traces = self.lab.traces
+        trace = {"time": traces.clock.now(), "run": self.lab.run, "full": True, **traces.full()}
+        self.socketio.emit("trace", trace, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
 
     def on_disconnect(self, *args: Any) -> None:
         self.roles.pop(request.sid, None)  # type: ignore[attr-defined]

@@ -137,7 +137,8 @@ def _generate(kind: str) -> Response:
             # Samples of one prompt are independent: with a seed, each gets its own (seed + j).
             params = req.params if not j or req.params.seed is None else replace(req.params, seed=req.params.seed + j)
             f.submit(
-                choice.request_id, prompts[choice.prompt_index], params, api_key, events=events, priority=req.priority
+                choice.request_id, prompts[choice.prompt_index], params, api_key, events=events, priority=req.priority,
+                user=req.user,
             )
             choice.submitted = True
     except ServingError:

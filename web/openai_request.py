@@ -17,6 +17,7 @@ from typing import Any
 
 from engine.errors import InvalidParamError, ServingError
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.serving.traces import MAX_USER_LENGTH
 
 log = logging.getLogger("servelab.api")
 
@@ -86,6 +87,7 @@ class ParsedRequest:
     created: int
     score_only: bool = False  # echo with max_tokens 0: the prompt's logprobs, nothing generated
     priority: int = 0  # vLLM's extension: lower is scheduled first (aging lifts a long waiter)
+    user: str | None = None  # OpenAI's end-user tag: shown on the request's trace row (the swimlanes)
 
 
 def bad(message: str, param: str | None, code: str = "invalid_value", status: int = 400) -> ServingError:
@@ -134,8 +136,9 @@ def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
             raise bad(f"Unrecognized request argument supplied: stream_options.{key}", f"stream_options.{key}",
                       "unknown_parameter")  # fmt: skip
         check(options, key, (bool,), label=f"stream_options.{key}")
-    if body.get("user") is not None:
-        log.info("request from user %r", check(body, "user", (str,)))
+    user = _user(body)
+    if user is not None:
+        log.info("request from user %r", user)
     for name, kind_of in NO_EFFECT.items():
         check(body, name, (kind_of,))
     # echo + max_tokens 0 scores the prompt (as OpenAI's legacy completions and eval harnesses do):
@@ -149,9 +152,16 @@ def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
         bool(options.get("include_usage")), bool(options.get("continuous_usage_stats")), echo, logprobs,
         check(body, "add_generation_prompt", (bool,)) is not False,
         f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), score_only,
-        _priority(body),
+        _priority(body), user,
     )  # fmt: skip
     return req
+
+
+def _user(body: dict[str, Any]) -> str | None:
+    user = check(body, "user", (str,))
+    if user is not None and len(user) > MAX_USER_LENGTH:
+        raise bad(f"'user' must be at most {MAX_USER_LENGTH} characters, got {len(user)}", "user")
+    return user
 
 
 def _priority(body: dict[str, Any]) -> int:

@@ -24,11 +24,13 @@ from engine.serving.cores import spare_cores, split_cores
 from engine.serving.defences import Defences
 from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.events import EventLog
+from engine.serving.messages import StepMessage
 from engine.serving.metrics import MetricsBus
 from engine.serving.provisioning import Order, Provisioning
 from engine.serving.replica import ReplicaHandle
 from engine.serving.replica_api import ENDED, SERVING, PoolState, ReplicaFactory, ReplicaState
 from engine.serving.router import AdmissionError, Router, RouterConfig
+from engine.serving.traces import RequestTraces
 
 log = logging.getLogger("servelab.fleet")
 
@@ -90,9 +92,12 @@ class Fleet(Provisioning):
         self.defences = Defences() if defences is None else defences
         self.events = EventLog(clock) if events is None else events
         self.bus = MetricsBus(clock, events=self.events)
+        self.traces = RequestTraces(clock)  # one row per recent request, for the swimlanes
         router_config.block_size = engine_config.block_size
         router_config.max_model_len = min(engine_config.max_model_len or self.context_length, self.context_length)
-        self.router = Router([], router_config, clock, events=self.events, dispatch_thread=False, defences=self.defences)
+        self.router = Router(
+            [], router_config, clock, events=self.events, dispatch_thread=False, defences=self.defences, traces=self.traces
+        )
         self.replicas: list[Any] = []  # serving, or starting to
         self.retiring: list[Any] = []  # draining: no new work, finishing their residents
         self.warm: list[Any] = []  # the warm pool: loaded (or loading), idle, not routed to
@@ -145,7 +150,7 @@ class Fleet(Provisioning):
     def _start(self, cores: list[int], serve: bool = True) -> Any:
         """A new replica process: serving (the router sees it once ready), or into the warm pool
         (no metrics until promoted, so idle pool replicas do not dilute the fleet's utilisation)."""
-        on_message = self.bus.observe if serve else None
+        on_message = self.observe_replica if serve else None
         replica = self.replica_factory(self._next_id, self.engine_config, cores=cores, on_message=on_message)
         self._cores[replica.replica_id] = cores
         self._next_id += 1
@@ -155,6 +160,11 @@ class Fleet(Provisioning):
         else:
             self.warm.append(replica)
         return replica
+
+    def observe_replica(self, msg: StepMessage) -> None:
+        """Every message a serving replica sends: its metrics, then its requests' traces."""
+        self.bus.observe(msg)
+        self.traces.observe(msg)
 
     def _spare_cores(self) -> list[int]:
         return spare_cores(self._cores.get(r.replica_id, []) for r in self.replicas + self.warm)
@@ -223,6 +233,8 @@ class Fleet(Provisioning):
             for replica in self.replicas + self.retiring + self.warm:
                 if self._last_states.get(replica.replica_id) != replica.state:
                     self._last_states[replica.replica_id] = replica.state
+                    if replica.state in ENDED:  # what was still on it will not finish
+                        self.traces.replica_ended(replica.replica_id)
                     why = f": {replica.error}" if replica.state == ReplicaState.FAILED and replica.error else ""
                     where = " (warm pool)" if replica in self.warm else ""
                     self.events.emit(
@@ -278,12 +290,14 @@ class Fleet(Provisioning):
         api_key: str | None,
         events: queue.Queue | None = None,
         priority: int = 0,
+        user: str | None = None,
     ) -> queue.Queue:
+        """user: the OpenAI `user` tag (at most MAX_USER_LENGTH characters), kept on its trace row."""
         if self.draining:
             raise AdmissionError(503, "draining", "the server is shutting down")
         if not self.ready:
             raise AdmissionError(503, "not_ready", "no replica is ready")
-        return self.router.submit(request_id, prompt_token_ids, params, api_key, events, priority)
+        return self.router.submit(request_id, prompt_token_ids, params, api_key, events, priority, user)
 
     def metrics_text(self) -> str:
         text = self.bus.prometheus_text(

@@ -39,6 +39,7 @@ from engine.serving.fleet import Fleet
 from engine.serving.lab_clients import simulated_client_fields
 from engine.serving.replica_api import SERVING
 from engine.serving.shape import shape_for
+from engine.serving.traces import RequestTraces
 from engine.serving.traffic import TrafficDriver
 from engine.sim.lab_check import check_sim, model_label
 from engine.sim.lab_sim import SimLab
@@ -111,6 +112,12 @@ class LiveLab:
         """The event log the stream reads: the simulated fleet's while it runs."""
         sim = self.sim
         return self.fleet.events if sim is None else sim.events
+
+    @property
+    def traces(self) -> RequestTraces:
+        """The request traces the stream reads: the simulated fleet's while it runs."""
+        sim = self.sim
+        return self.fleet.traces if sim is None else sim.fleet.traces
 
     @property
     def executor(self) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.sampling_params import SamplingParams
 from engine.sequence import RequestTimes
+from engine.step_record import StepRecord
 
 
 @dataclass
@@ -68,11 +69,12 @@ class RequestError:
     request_id: str
     param: str | None
     message: str
+    expired: bool = False  # dropped at its deadline (the request traces' "expired", not "failed")
 
 
 def expired_error(request_id: str) -> RequestError:
     """A request dropped at its deadline: the router's queue and a replica answer it alike."""
-    return RequestError(request_id, None, "deadline passed while queued")
+    return RequestError(request_id, None, "deadline passed while queued", expired=True)
 
 
 @dataclass
@@ -93,3 +95,4 @@ class StepMessage:
     errors: list[RequestError] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     state: str = "ready"  # a ReplicaState (a StrEnum: messages stay plain strings once pickled)
+    steps: list[StepRecord] = field(default_factory=list)  # the engine steps since the last message

@@ -59,7 +59,7 @@ class Provisioning:
     fleet_config: FleetConfig
 
     # Fleet's, used here: warm_pool and provision_delay_s (its FleetConfig's), _start(cores,
-    # serve), _spare_cores(), retire(replica).
+    # serve), _spare_cores(), retire(replica), observe_replica(msg).
 
     # the autoscaler's actuator ------------------------------------------------------------------
 
@@ -75,7 +75,7 @@ class Provisioning:
                 if pool:
                     replica = min(pool, key=lambda r: r.state != ReplicaState.READY)
                     self.warm.remove(replica)
-                    replica.on_message = self.bus.observe
+                    replica.on_message = self.observe_replica
                     self.replicas.append(replica)
                     self.router.set_replicas(self.replicas)
                     done.append(f"replica {replica.replica_id} from the warm pool")

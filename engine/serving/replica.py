@@ -62,6 +62,7 @@ def replica_main(
     except Exception as exc:  # noqa: BLE001 - any load failure makes this replica failed
         outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.FAILED, stats={"error": str(exc)}))
         return
+    engine.replica_id = replica_id
     state = ReplicaState.READY
     bandwidth = copy_bandwidth_gbs(config.device)
 
@@ -123,11 +124,13 @@ def replica_main(
             progress["step_started"] = None
         if state == ReplicaState.DRAINING and not engine.has_work():
             engine.close()
-            outbox.put(StepMessage(replica_id, clock.now(), deltas, errors, stats(), state=ReplicaState.STOPPED))
+            steps = engine.step_records.take() if engine.step_records is not None else []
+            outbox.put(StepMessage(replica_id, clock.now(), deltas, errors, stats(), ReplicaState.STOPPED, steps))
             return
         now = clock.now()
         if deltas or errors or now - last_sent >= heartbeat_s:
-            outbox.put(StepMessage(replica_id, now, deltas, errors, stats(), state))
+            steps = engine.step_records.take() if engine.step_records is not None else []
+            outbox.put(StepMessage(replica_id, now, deltas, errors, stats(), state, steps))
             last_sent = now
 
 

@@ -27,10 +27,11 @@ from engine.sampling_params import SamplingParams
 from engine.serving.defences import Defences
 from engine.serving.driver import WallClockDriver
 from engine.serving.events import EventLog
-from engine.serving.messages import RequestError
+from engine.serving.messages import RequestError, expired_error
 from engine.serving.rate_limit import RateLimiter
 from engine.serving.replica_api import ENDED, Replica, ReplicaState
 from engine.serving.request_queue import QueuedRequest, RequestQueue
+from engine.serving.traces import Outcome, RequestTraces
 
 log = logging.getLogger("servelab.router")
 
@@ -69,15 +70,18 @@ class Router:
         events: EventLog | None = None,
         dispatch_thread: bool = True,
         defences: Defences | None = None,
+        traces: RequestTraces | None = None,
     ) -> None:
         """dispatch_thread=False: no thread; the caller's driver runs dispatch_step() (the fleet's,
         the what-if loop). True: a WallClockDriver of its own runs it (a router used alone).
-        defences: the fleet's guards, shared with the queue; None: all on."""
+        defences: the fleet's guards, shared with the queue; None: all on. traces: the fleet's
+        request traces, told of every admission, refusal and dispatch; None: its own."""
         self.replicas = list(replicas)
         self.config = config
         self.clock = clock
         self.events = events or EventLog(clock)
         self.defences = Defences() if defences is None else defences
+        self.traces = RequestTraces(clock) if traces is None else traces
         self.queue = RequestQueue(config.queue_cap, config.deadline_s, clock, defences=self.defences)
         self._turn = 0  # whose turn it is: round robin (central_queue off) and ties without prefix routing
         self.limiter = RateLimiter(config.rate_limit, clock)
@@ -100,11 +104,29 @@ class Router:
         api_key: str | None = None,
         events: queue.Queue | None = None,
         priority: int = 0,
+        user: str | None = None,
     ) -> queue.Queue:
         """Admit or refuse (AdmissionError); an admitted request's events arrive on the returned
         queue (`events` if given: requests of one API call, n > 1 or a batch, share one):
         TokenDelta, or one RequestError (deadline, failed replica) that ends it. priority: the
-        replica's scheduler admits lower first (aging raises a waiter's); the central queue is FIFO."""
+        replica's scheduler admits lower first (aging raises a waiter's); the central queue is FIFO.
+        user: the OpenAI `user` tag, carried to the request's trace row."""
+        try:
+            return self._admit(request_id, prompt_token_ids, params, api_key, events, priority, user)
+        except AdmissionError:
+            self.traces.refused(request_id, user, priority, len(prompt_token_ids), params.max_tokens)
+            raise
+
+    def _admit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        api_key: str | None,
+        events: queue.Queue | None,
+        priority: int,
+        user: str | None,
+    ) -> queue.Queue:
         self.authorize(api_key)
         wait = self.limiter.check(api_key or "")
         if wait > 0:
@@ -122,6 +144,10 @@ class Router:
             queued = QueuedRequest(request_id, prompt_token_ids, params, payload=events, priority=priority)
             admission = self.queue.offer(queued)
             self.max_depth_seen = max(self.max_depth_seen, len(self.queue))
+            if admission.admitted:  # its row exists before the dispatcher can move it on
+                self.traces.admitted(
+                    request_id, user, priority, len(prompt_token_ids), params.max_tokens, queued.arrival
+                )
         if not admission.admitted:
             raise self._refuse(429, "queue_full", "the request queue is full", retry_after_s=admission.retry_after_s)
         self.events.emit("admitted", f"{request_id} queued ({len(prompt_token_ids)} prompt tokens)", id=request_id)
@@ -142,6 +168,7 @@ class Router:
         """The client went away: drop it from the queue, or abort it on its replica."""
         with self._lock:
             if self.queue.remove(request_id) is not None:
+                self.traces.ended(request_id, Outcome.CANCELLED)
                 return
         for replica in self.replicas:
             replica.abort(request_id)
@@ -192,10 +219,12 @@ class Router:
         with self._lock:
             for expired in self.queue.take_expired():
                 self._count("deadline", expired.request_id)
-                expired.payload.put(RequestError(expired.request_id, None, "deadline passed while queued"))
+                self.traces.ended(expired.request_id, Outcome.EXPIRED)
+                expired.payload.put(expired_error(expired.request_id))
             if self.replicas and all(r.state in ENDED for r in self.replicas):
                 while (stranded := self.queue.pop()) is not None:  # nothing will ever serve them
                     self._count("no_replica", stranded.request_id)
+                    self.traces.ended(stranded.request_id, Outcome.FAILED)
                     stranded.payload.put(RequestError(stranded.request_id, None, "no replica is available"))
             while (head := self.queue.peek()) is not None:
                 replica = self._pick(head) if self.defences.central_queue else self._next_in_turn()
@@ -213,6 +242,7 @@ class Router:
                     drop_if_expired=self.defences.deadline_recheck,
                     priority=head.priority,
                 )
+                self.traces.dispatched(head.request_id, replica.replica_id)
                 dispatched += 1
         return dispatched
 

@@ -61,7 +61,7 @@ def simulate_fleet(
     ) -> SimReplica:
         replica = SimReplica(
             replica_id, LLMEngine(cfg, clock, sim_executor(dep, cfg)), loop, finished,
-            load_s=0.0 if booting[0] else load_s, on_message=on_message,
+            load_s=0.0 if booting[0] else load_s, on_message=on_message, record_steps=False,
         )
         made.append(replica)
         return replica

@@ -41,13 +41,19 @@ class SimReplica:
         kv_transfer_s: Callable[[int], float] | None = None,
         load_s: float = 0.0,
         on_message: Callable[[StepMessage], None] | None = None,
+        record_steps: bool = True,
     ) -> None:
         """kv_transfer_s: a disaggregated decode replica; a request arrives as prompt + its first
         token, and the prompt's KV takes kv_transfer_s(prompt tokens) to land before it can run.
         load_s: STARTING this long (loading the weights) before READY. on_message: the fleet's
-        metrics bus, as a live replica's messages reach it (set later for a warm pool one)."""
+        metrics bus, as a live replica's messages reach it (set later for a warm pool one).
+        record_steps: keep the engine's StepRecords for the batch chart; a headless run (nobody
+        draws them) leaves them out, a fifth of a big run's time."""
         assert isinstance(engine.runner, CostModelRunner)
         self.replica_id = replica_id
+        engine.replica_id = replica_id  # its step records name it
+        if not record_steps:
+            engine.step_records = None
         self.engine = engine
         self.config = engine.config
         self.runner: CostModelRunner = engine.runner
@@ -63,6 +69,7 @@ class SimReplica:
         self.ready_at: float | None = self.created_at if load_s <= 0 else None
         self._drain_on_load = False
         self._deltas: list[TokenDelta] = []  # finished this step, for on_message
+        self._errors: list[RequestError] = []  # dropped at their deadline this step, for on_message
         self._streams: dict[str, queue.Queue] = {}
         self._busy = False
         self.stats: ReplicaStats | None = self._snapshot()
@@ -235,13 +242,17 @@ class SimReplica:
             "expired_prefill_tokens": self.engine.scheduler.expired_prefill_tokens,
         }
         deltas, self._deltas = self._deltas, []
-        self.on_message(StepMessage(self.replica_id, self.loop.clock.now(), deltas, stats=stats, state=self.state))
+        errors, self._errors = self._errors, []
+        steps = self.engine.step_records.take() if self.engine.step_records is not None else []
+        self.on_message(StepMessage(self.replica_id, self.loop.clock.now(), deltas, errors, stats, self.state, steps))
 
     def _report(self, outputs: list) -> None:
         for out in outputs:
             if out.finished and out.finish_reason == DEADLINE:  # as a live replica answers it
                 if (expired := self._streams.pop(out.request_id, None)) is not None:
                     expired.put(expired_error(out.request_id))
+                if self.on_message is not None:
+                    self._errors.append(expired_error(out.request_id))
             elif out.finished:
                 seq = out.seq
                 events = self._streams.pop(out.request_id, None)

@@ -160,7 +160,8 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
     def new_replica(i: int, on_finished: Any, transfer: Any = None) -> SimReplica:
         # A decode replica finds the KV it is handed through its prefix cache (import_prefix).
         cfg = config if transfer is None else config.replace(prefix_caching=True)
-        return SimReplica(i, LLMEngine(cfg, clock, sim_executor(dep, cfg)), loop, on_finished, transfer)
+        engine = LLMEngine(cfg, clock, sim_executor(dep, cfg))
+        return SimReplica(i, engine, loop, on_finished, transfer, record_steps=False)  # headless: nothing draws steps
 
     def new_router(pool: list[SimReplica], cap: int | None) -> Router:
         router_config = RouterConfig(

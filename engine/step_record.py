@@ -1,0 +1,84 @@
+"""What one engine step ran: which requests, prefill or decode, how many tokens each, and whom
+it preempted. LLMEngine makes one at the end of every step (the live replica process and the
+simulated replica alike), keeps the latest in a bounded ring, and a replica ships them to the
+fleet with its StepMessage; the browser's "batch, step by step" chart draws them."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+
+if TYPE_CHECKING:
+    from engine.scheduler import SchedulerOutput
+    from engine.sequence import Sequence
+
+Phase = Literal["prefill", "decode"]
+PREFILL: Phase = "prefill"
+DECODE: Phase = "decode"
+STEP_RING = 256  # records kept until a replica ships them (a few hundred ms of steps, live)
+
+
+class StepEntry(NamedTuple):  # immutable, and a third of a frozen dataclass's cost to make (every seq, every step)
+    request_id: str
+    phase: Phase  # prefill: prompt tokens (or a preempted request's recompute); decode: one new token
+    tokens: int
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    replica: int
+    start: float  # the engine's clock: when the step was scheduled
+    end: float  # when its tokens landed
+    max_batched_tokens: int  # the budget and the slots in force for this step
+    max_num_seqs: int
+    entries: tuple[StepEntry, ...]
+    preempted: tuple[str, ...]  # request ids this step's scheduling preempted
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(e.tokens for e in self.entries)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replica": self.replica, "start": self.start, "end": self.end,
+            "max_batched_tokens": self.max_batched_tokens, "max_num_seqs": self.max_num_seqs,
+            "entries": [e._asdict() for e in self.entries], "preempted": list(self.preempted),
+        }  # fmt: skip
+
+
+def step_record(
+    batch: SchedulerOutput, replica: int, start: float, end: float, max_batched_tokens: int, max_num_seqs: int
+) -> StepRecord:
+    """Read before the step's tokens are counted: a sequence is still prefilling while its
+    computed tokens are short of its prompt (after a preemption, of everything it had)."""
+    entries = tuple(
+        StepEntry(seq.request_id, DECODE if n == 1 and _decoding(seq) else PREFILL, n)
+        for seq, n in zip(batch.seqs, batch.num_new_tokens)
+    )
+    preempted = tuple(seq.request_id for seq in batch.preempted)
+    return StepRecord(replica, start, end, max_batched_tokens, max_num_seqs, entries, preempted)
+
+
+def _decoding(seq: Sequence) -> bool:
+    """A decode computes the one token it sampled last step; anything else reads a prompt."""
+    out = seq.output_token_ids
+    return bool(out) and seq.num_computed_tokens + 1 == len(seq.prompt_token_ids) + len(out)
+
+
+class StepRing:
+    """The latest StepRecords, bounded; a replica takes what is new each time it reports."""
+
+    def __init__(self, size: int = STEP_RING) -> None:
+        self._records: deque[StepRecord] = deque(maxlen=size)
+
+    def append(self, record: StepRecord) -> None:
+        self._records.append(record)
+
+    def take(self) -> list[StepRecord]:
+        records = list(self._records)
+        self._records.clear()
+        return records
+
+    def __len__(self) -> int:
+        return len(self._records)

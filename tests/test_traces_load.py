@@ -1,0 +1,248 @@
+"""Thirty watchers on the live stream: 27 python-socketio clients (over WebSocket) and 3 real pages,
+connected for 60 s while the real engine decodes. Each must get at least 5 `metrics` snapshots a
+second and never fall more than 1 s behind, and the engine's own decode step time (its
+StepRecords, read from the `trace` event) must stay close to what it is with one watcher.
+
+The watchers stand in for a class's machines: the server (its front process and its replica)
+runs on half of this machine's cores and the python clients on the other half, so what the
+engine pays for is what the server does for thirty watchers. The browser runs at the lowest CPU
+priority (nice 19) on any core: a page's own rendering (Plotly's charts, 0.3-0.5 of a core each
+at six snapshots a second here) is its machine's cost, not the server's, and three of them do
+not fit beside the engine on two cores. So the pages are held to receiving the stream (at least
+one snapshot a second, handled in order) and their delay is reported; the python clients, which
+do little per snapshot, are held to the contract: five a second, never 1 s behind.
+
+"Behind" is the snapshot's `time` (the server's time.monotonic(), CLOCK_MONOTONIC, one clock for
+every process on this machine) against the python client's time.monotonic() when the snapshot
+arrives. A page cannot read that clock: it is judged by its delay beyond its own quickest
+snapshot (receipt minus snapshot time, less the smallest such gap it saw).
+
+`python -m pytest tests/test_traces_load.py -s` prints the figures BENCHMARKS.md quotes."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import socketio
+from playwright.sync_api import Page, sync_playwright
+
+from tests.server_process import ServerProcess
+
+CHROMIUM = "/usr/bin/chromium"
+WATCH_S = 60.0
+BASELINE_S = 10.0  # one watcher, before and after the thirty
+PY_CLIENTS = 27
+PAGES = 3
+STREAMS = 4  # closed-loop clients keep this many requests decoding
+RATIO_BOUND = 1.5  # CI's bound on the 30-watcher / 1-watcher decode step time (a shared machine)
+
+CORES = sorted(os.sched_getaffinity(0))
+SERVER_CORES = set(CORES[: max(1, len(CORES) // 2)])
+WATCHER_CORES = set(CORES[len(SERVER_CORES) :]) or set(CORES)
+# `python app.py` itself, on the server's cores (its replica processes inherit them).
+PINNED_APP = (
+    "-c",
+    (
+        f"import os, runpy, sys; os.sched_setaffinity(0, {SERVER_CORES!r}); sys.argv[0] = 'app.py'; "
+        "runpy.run_path('app.py', run_name='__main__')"
+    ),
+)
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+
+
+@dataclass
+class Watcher:
+    """One python-socketio client on /live: when each snapshot arrived against its time."""
+
+    url: str
+    lags: list[float] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.sio = socketio.Client(reconnection=False)
+        self.sio.on("metrics", self._metrics, namespace="/live")
+        self.sio.on("trace", lambda msg: self.steps.extend(msg["steps"]), namespace="/live")
+
+    def _metrics(self, snap: dict) -> None:
+        now = time.monotonic()
+        self.arrivals.append(now)
+        self.lags.append(now - snap["time"])
+
+    def connect(self) -> None:
+        self.sio.connect(self.url, namespaces=["/live"], transports=["websocket"], wait_timeout=30)
+
+    def window(self, start: float, end: float) -> tuple[int, float]:
+        """Snapshots that arrived in [start, end), and the worst lag among them."""
+        lags = [lag for t, lag in zip(self.arrivals, self.lags) if start <= t < end]
+        return len(lags), max(lags, default=float("inf"))
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess("--kv-budget-mb", "64", "--max-num-seqs", "8", command=PINNED_APP)
+    yield proc
+    proc.stop()
+
+
+class Streams:
+    """STREAMS closed-loop clients: each sends a 64-token completion as soon as its last ends."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(STREAMS)]
+        for thread in self.threads:
+            thread.start()
+
+    def _loop(self) -> None:
+        body = json.dumps({"prompt": "Tell me about the sea.", "max_tokens": 64, "ignore_eos": True, "temperature": 0})
+        while not self.stop.is_set():
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=120)
+            conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+            assert conn.getresponse().read()
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(120)
+
+
+def decode_step_s(steps: list[dict], start: float, end: float) -> tuple[float, int]:
+    """Median time of the engine's pure-decode steps of STREAMS sequences that began in [start, end)."""
+    times = [
+        s["end"] - s["start"]
+        for s in steps
+        if start <= s["start"] < end and len(s["entries"]) == STREAMS and all(e["phase"] == "decode" for e in s["entries"])
+    ]
+    return (statistics.median(times) if times else float("nan")), len(times)
+
+
+PAGE_PROBE = """() => {
+  const seen = window.loadProbe = { lags: [] };
+  window.servelab.socket.on('metrics', (s) => { seen.lags.push([Date.now() / 1000, s.time]); });
+}"""
+
+
+@pytest.fixture
+def low_priority_chromium(tmp_path: Path) -> str:
+    """Debian's chromium behind nice 19: what the browser and its pages spawn runs below everything."""
+    wrapper = tmp_path / "chromium-nice"
+    wrapper.write_text(f'#!/bin/sh\nexec nice -n 19 {CHROMIUM} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def test_thirty_watchers_each_get_five_snapshots_a_second_and_the_decode_step_barely_moves(
+    server: ServerProcess, low_priority_chromium: str
+) -> None:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=low_priority_chromium, args=["--no-sandbox"])
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, WATCHER_CORES)  # the client threads started from here inherit it
+        try:
+            measure(server, browser)
+        finally:
+            os.sched_setaffinity(0, before)
+            browser.close()
+
+
+def measure(server: ServerProcess, browser: Any) -> None:
+    observer = Watcher(server.base_url)  # the one watcher of the baselines, and one of the thirty
+    observer.connect()
+    streams = Streams(server)
+    contexts = []
+    try:
+        time.sleep(5)  # the streams reach their steady batch
+        a0 = time.monotonic()
+        time.sleep(BASELINE_S)
+        a1 = time.monotonic()
+        watchers = [Watcher(server.base_url) for _ in range(PY_CLIENTS - 1)]
+        for w in watchers:
+            w.connect()
+        print(f"\n{PY_CLIENTS - 1} watchers connected in {time.monotonic() - a1:.1f} s")
+        pages: list[Page] = []
+        for _ in range(PAGES):
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            contexts.append(context)
+            page = context.new_page()
+            page.goto(f"{server.base_url}/steps/4")  # its charts include the swimlanes and the batch
+            page.wait_for_function("window.servelab && window.servelab.snapshots > 0 && window.servelabTraces")
+            page.evaluate(PAGE_PROBE)
+            pages.append(page)
+        b0, b0_wall = time.monotonic(), time.time()
+        print(f"{PAGES} pages open in {b0 - a1:.1f} s from the first watcher")
+        time.sleep(WATCH_S)
+        b1, b1_wall = time.monotonic(), time.time()
+        page_probes = [page.evaluate("window.loadProbe.lags") for page in pages]
+        # Each disconnect sends its close at once, then waits on its read loop (seconds, at times):
+        # the server has let them go long before, so none is waited for past a few seconds.
+        leaving = [threading.Thread(target=w.sio.disconnect, daemon=True) for w in watchers]
+        for thread in leaving:
+            thread.start()
+        for thread in leaving:
+            thread.join(max(0.0, b1 + 5 - time.monotonic()))
+        for context in contexts:
+            context.close()
+        contexts.clear()
+        time.sleep(2)  # the departed are gone from the stream
+        print(f"the thirty gone {time.monotonic() - b1:.1f} s after the watch")
+        c0 = time.monotonic()
+        time.sleep(BASELINE_S)
+        c1 = time.monotonic()
+    finally:
+        streams.close()
+        for context in contexts:
+            context.close()
+        observer.sio.disconnect()
+
+    everyone = [observer, *watchers]
+    assert len(everyone) + len(pages) == 30
+    counts = [w.window(b0, b1) for w in everyone]
+    # A page's receipt (its wall clock, this machine's) less the snapshot's time is its delay plus
+    # a constant: the spread of that over the watch is how far behind its quickest it fell.
+    watched = [[(got, sent) for got, sent in probe if b0_wall <= got < b1_wall] for probe in page_probes]
+    page_counts = [len(probe) for probe in watched]
+    page_worst = [max(d) - min(d) for d in ([got - sent for got, sent in probe] for probe in watched)]
+
+    base_before, n_before = decode_step_s(observer.steps, a0, a1)
+    loaded, n_loaded = decode_step_s(observer.steps, b0, b1)
+    base_after, n_after = decode_step_s(observer.steps, c0, c1)
+    base = statistics.median(
+        [s["end"] - s["start"] for s in observer.steps if (a0 <= s["start"] < a1 or c0 <= s["start"] < c1)
+         and len(s["entries"]) == STREAMS and all(e["phase"] == "decode" for e in s["entries"])]
+    )  # fmt: skip
+    ratio = loaded / base
+    lags = [lag for w in everyone for t, lag in zip(w.arrivals, w.lags) if b0 <= t < b1]
+    late = sum(lag > 1.0 for lag in lags)
+    print(
+        f"\ndecode step ({STREAMS} sequences): 1 watcher {base * 1000:.2f} ms "
+        f"(before {base_before * 1000:.2f} ms over {n_before} steps, after {base_after * 1000:.2f} ms over {n_after}); "
+        f"30 watchers {loaded * 1000:.2f} ms over {n_loaded} steps: ratio {ratio:.3f}\n"
+        f"snapshots per python client in {b1 - b0:.0f} s: min {min(c for c, _ in counts)}; "
+        f"lag p50 {statistics.median(lags) * 1000:.0f} ms, p99 {sorted(lags)[int(len(lags) * 0.99)] * 1000:.0f} ms, "
+        f"max {max(lags) * 1000:.0f} ms ({late} of {len(lags)} over 1 s); "
+        f"pages: {min(page_counts)} snapshots at least, worst delay beyond their quickest {max(page_worst) * 1000:.0f} ms"
+    )
+    for i, (count, worst) in enumerate(counts):
+        assert count >= 5 * (b1 - b0) * 0.98, f"client {i}: {count} snapshots in {b1 - b0:.0f} s"
+        assert worst <= 1.0, f"client {i} fell {worst:.2f} s behind"
+    for i, count in enumerate(page_counts):
+        assert count >= (b1 - b0), f"page {i}: {count} snapshots handled in {b1 - b0:.0f} s"
+    assert n_before >= 20 and n_loaded >= 50 and n_after >= 20, (n_before, n_loaded, n_after)
+    assert ratio <= RATIO_BOUND, (
+        f"the decode step with 30 watchers is {ratio:.2f}x its time with one "
+        f"(load average {os.getloadavg()[0]:.1f}: other work on the engine's cores shows here too)"
+    )

@@ -1,0 +1,152 @@
+"""The request swimlanes and the batch chart in a real browser: `python app.py` serving the real
+model with a squeezed KV budget (preemptions) and a small token budget (chunked prompts), the
+charts read back from the SVG the page drew."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page
+
+from tests.server_process import ROOT, ServerProcess
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "tests" / "artifacts"
+BUDGET = 32  # max_batched_tokens: a 150-token prompt is read in five chunks
+LANES = "#chart-swimlanes g.lane"
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    # 6 MB of KV is 272 tokens of SmolLM2: a few requests that grow as they decode outrun it.
+    flags = ("--kv-budget-mb", "6", "--max-batched-tokens", str(BUDGET), "--max-num-seqs", "8")
+    proc = ServerProcess(*flags, "--prompt-tokens", "40", "--output-tokens", "48", "--request-rate", "3", command=("app.py",))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def page(browser: Browser, server: ServerProcess) -> Iterator[Page]:
+    ARTIFACTS.mkdir(exist_ok=True)
+    context = browser.new_context(viewport={"width": 1400, "height": 1200})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{server.base_url}/steps/3")
+    page.wait_for_function("window.servelabTraces && window.servelab.snapshots > 0")
+    yield page
+    assert errors == [], errors
+    context.close()
+
+
+def lanes(page: Page) -> int:
+    return page.locator(LANES).count()
+
+
+def send_long_prompt(server: ServerProcess, user: str) -> threading.Thread:
+    body = json.dumps({"prompt": "word " * 150, "max_tokens": 8, "user": user}).encode()
+    request = urllib.request.Request(f"{server.base_url}/v1/completions", body, {"Content-Type": "application/json"})
+    thread = threading.Thread(target=lambda: urllib.request.urlopen(request, timeout=120).read(), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_the_swimlanes_gain_rows_as_traffic_runs_and_a_long_prompt_shows_its_chunks(
+    server: ServerProcess, page: Page
+) -> None:
+    ack = page.evaluate("new Promise(r => window.servelab.socket.emit('flood', {action: 'start'}, r))")
+    assert ack["ok"], ack
+    page.wait_for_function(f"document.querySelectorAll('{LANES}').length >= 3", timeout=60_000)
+    first = lanes(page)
+    page.wait_for_function(f"document.querySelectorAll('{LANES}').length >= {first + 4}", timeout=60_000)
+    page.evaluate("window.servelabTraces.highlightUser('long-prompt')")
+    send_long_prompt(server, "long-prompt").join(120)
+    mine = "#chart-swimlanes g.lane.mine"
+    page.wait_for_function(f"document.querySelector('{mine}[data-outcome=finished]')", timeout=30_000)
+    lane = page.locator(mine).first
+    assert lane.get_attribute("data-user") == "long-prompt"
+    # 150 words under a 32-token budget shared with decodes: at least five chunks, each a tick.
+    assert lane.locator("line.chunk-tick").count() >= 5
+    assert "long-prompt" in lane.locator("text.mine-label").text_content()
+    hover = lane.locator("title").text_content()
+    for word in ("arrival", "scheduled", "first token", "last token", "TTFT", "TPOT"):
+        assert word in hover
+    row = page.evaluate("window.servelabTraces.rows().find(r => r.user === 'long-prompt')")
+    assert row["outcome"] == "finished" and row["ttft"] > 0 and sum(c[1] for c in row["chunks"]) >= 150
+    page.locator("#chart-swimlanes").screenshot(path=str(ARTIFACTS / "traces-swimlanes.png"))
+
+
+def test_a_squeezed_kv_budget_draws_preempted_segments(page: Page) -> None:
+    page.wait_for_function(
+        "document.querySelector('#chart-swimlanes rect.seg[data-phase=preempted]')", timeout=90_000
+    )
+    preempted = page.evaluate("window.servelabTraces.rows().filter(r => r.preempted.length).length")
+    assert preempted >= 1
+    # The preempted request is recomputed: a prefill segment drawn after the preempted one.
+    after = page.evaluate(
+        """() => Array.from(document.querySelectorAll('#chart-swimlanes g.lane')).some(g => {
+             const phases = Array.from(g.querySelectorAll('rect.seg')).map(r => r.dataset.phase);
+             const i = phases.indexOf('preempted');
+             return i >= 0 && phases.slice(i + 1).includes('prefill');
+           })"""
+    )
+    assert after
+
+
+def test_the_batch_chart_bars_never_exceed_the_budget_line(page: Page) -> None:
+    page.wait_for_function("document.querySelectorAll('#chart-batch_steps g.bar').length >= 30", timeout=60_000)
+    bars = page.evaluate(
+        """() => Array.from(document.querySelectorAll('#chart-batch_steps g.bar')).map(g => ({
+             tokens: Number(g.dataset.tokens), budget: Number(g.dataset.budget), seqs: Number(g.dataset.seqs),
+             top: Math.min(...Array.from(g.querySelectorAll('rect.bar-seg')).map(r => Number(r.getAttribute('y')))),
+             line: Number(g.querySelector('line.budget').getAttribute('y1')),
+             phases: Array.from(g.querySelectorAll('rect.bar-seg')).map(r => r.dataset.phase),
+           }))"""
+    )
+    assert len(bars) >= 30
+    for bar in bars:
+        assert bar["budget"] == BUDGET and 0 < bar["tokens"] <= bar["budget"] and 1 <= bar["seqs"] <= 8
+        assert bar["top"] >= bar["line"] - 1e-6, bar  # SVG y grows downward: the stack stays below the line
+    assert any({"prefill", "decode"} <= set(b["phases"]) for b in bars), "a chunk beside decodes, in one step"
+    page.locator("#chart-batch_steps").screenshot(path=str(ARTIFACTS / "traces-batch-steps.png"))
+    page.evaluate("new Promise(r => window.servelab.socket.emit('flood', {action: 'stop'}, r))")
+
+
+def test_the_swimlanes_follow_the_simulated_fleet(page: Page) -> None:
+    """Simulated mode: the same charts, fed by the simulated fleet's traces on its own clock."""
+    levers = "{executor: 'sim', model: 'llama-3.1-8b', device: 'h100', gpu_count: 1, request_rate: 20}"
+    ack = page.evaluate(f"new Promise(r => window.servelab.socket.emit('set_levers', {levers}, r))")
+    assert ack["ok"], ack
+    try:
+        page.wait_for_function("window.servelab.lab.executor === 'sim'", timeout=30_000)
+        ack = page.evaluate("new Promise(r => window.servelab.socket.emit('flood', {action: 'start'}, r))")
+        assert ack["ok"], ack
+        page.wait_for_function(
+            "document.querySelectorAll('#chart-swimlanes g.lane[data-outcome=finished]').length >= 5"
+            " && document.querySelectorAll('#chart-batch_steps g.bar').length >= 10",
+            timeout=60_000,
+        )
+        # Every row is the simulated fleet's (its requests are numbered; the API's are cmpl-...).
+        rows = page.evaluate("window.servelabTraces.rows()")
+        assert rows and all(r["id"].isdigit() for r in rows), [r["id"] for r in rows][:5]
+    finally:
+        page.evaluate("new Promise(r => window.servelab.socket.emit('flood', {action: 'stop'}, r))")
+        page.evaluate("new Promise(r => window.servelab.socket.emit('set_levers', {executor: 'live'}, r))")
+
+
+def test_a_user_name_is_drawn_as_text_never_as_html(server: ServerProcess, page: Page) -> None:
+    name = "<img src=x onerror=window.pwned=1>"
+    page.evaluate(f"window.servelabTraces.highlightUser({name!r})")
+    body = json.dumps({"prompt": "Hi", "max_tokens": 2, "user": name}).encode()
+    request = urllib.request.Request(f"{server.base_url}/v1/completions", body, {"Content-Type": "application/json"})
+    assert urllib.request.urlopen(request, timeout=120).status == 200
+    page.wait_for_function("document.querySelector('#chart-swimlanes g.lane.mine text.mine-label')", timeout=30_000)
+    assert name in page.locator("#chart-swimlanes g.lane.mine text.mine-label").first.text_content()
+    assert page.locator("#chart-swimlanes img").count() == 0 and page.evaluate("window.pwned === undefined")
