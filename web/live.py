@@ -40,6 +40,11 @@ class LiveChannel:
         self.lessons = lessons
         self.token = token or None
         self.roles: dict[str, str] = {}
+        # A running class's instructor token (web/classroom.py): while one is set, it is an
+        # instructor's too and every other connection watches. Those told of a closed connection:
+        self.class_token: Callable[[], str | None] = lambda: None
+        self.leave_listeners: list[Callable[[str], None]] = []
+        self._presented: dict[str, str | None] = {}
         self._cursor = 0
         self._log = lab.events  # which executor's event log the cursor is in
         self._tick_lock = threading.Lock()
@@ -82,17 +87,34 @@ class LiveChannel:
 
     def on_connect(self, auth: dict | None = None) -> None:
         presented = (auth or {}).get("token") if isinstance(auth, dict) else None
-        if self.token is None:
-            role = "open"
-        elif isinstance(presented, str) and hmac.compare_digest(presented, self.token):
-            role = "instructor"
-        else:
-            role = "viewer"
+        presented = presented if isinstance(presented, str) else None
+        role = self._role(presented)
+        self._presented[request.sid] = presented  # type: ignore[attr-defined]
         self.roles[request.sid] = role  # type: ignore[attr-defined]
         self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state()}, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
 
+    def _role(self, presented: str | None) -> str:
+        class_token = self.class_token()
+        for token in (self.token, class_token):
+            if token and presented and hmac.compare_digest(presented.encode(), token.encode()):
+                return "instructor"
+        return "open" if self.token is None and class_token is None else "viewer"
+
+    def refresh_roles(self) -> None:
+        """A class started or ended: each connection's role again, and a new hello to those whose
+        role changed (an open browser becomes a watcher the moment a class starts)."""
+        for sid, presented in list(self._presented.items()):
+            role = self._role(presented)
+            if self.roles.get(sid) != role:
+                self.roles[sid] = role
+                self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state()}, to=sid, namespace=NAMESPACE)
+
     def on_disconnect(self, *args: Any) -> None:
-        self.roles.pop(request.sid, None)  # type: ignore[attr-defined]
+        sid = request.sid  # type: ignore[attr-defined]
+        self.roles.pop(sid, None)
+        self._presented.pop(sid, None)
+        for listener in list(self.leave_listeners):
+            listener(sid)
 
     def on_set_levers(self, data: Any) -> dict[str, Any]:
         return self._guarded(lambda: self.lab.set_levers(data if isinstance(data, dict) else None, "a learner"))  # type: ignore[arg-type]
