@@ -221,6 +221,7 @@ def test_a_student_who_disconnects_leaves_and_their_request_is_cancelled(
     ada, joined = student(server, started["code"], "Ada")
     wait_until(lambda: any(s["name"] == "Ada" for s in (instructor.states[-1:] or [{}])[0].get("students", [])))
     tokens: list[str] = []
+    reasons: list[str] = []
     ended = threading.Event()
 
     def stream() -> None:  # a long answer, with Ada's id as the OpenAI `user`
@@ -237,11 +238,15 @@ def test_a_student_who_disconnects_leaves_and_their_request_is_cancelled(
             if line.startswith(b"data: {"):
                 chunk = json.loads(line[6:])
                 tokens.extend(c.get("text", "") for c in chunk.get("choices", []))
+                reasons.extend(c["finish_reason"] for c in chunk.get("choices", []) if c.get("finish_reason"))
         ended.set()
 
     threading.Thread(target=stream, daemon=True).start()
     wait_until(lambda: len(tokens) > 3, 60)
+    left_at = time.monotonic()
     ada.close()  # the page goes away; its HTTP stream stays open
     wait_until(lambda: not any(s["name"] == "Ada" for s in instructor.states[-1].get("students", [])))
+    # The HTTP stream itself stayed open: the server cancelled the request (finish_reason abort).
     assert ended.wait(30), "the request went on after its student left"
-    assert len(tokens) < 1500
+    assert reasons == ["abort"] and len(tokens) < 1500, (reasons, len(tokens))
+    assert time.monotonic() - left_at < 20
