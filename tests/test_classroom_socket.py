@@ -3,7 +3,8 @@ SERVELAB_INSTRUCTOR_TOKEN: starting a class mints the class's token) over HTTP a
 Socket.IO clients: a second instructor gets 409, an unknown code 404 (page, API and socket), a
 bad name 400 naming `name`, a flood of joins 429; open browsers start watching when a class
 starts; a student cannot move a lever, start a flood (the lab's or the class's), open or reveal
-a poll, ask a prediction, end the class, or answer for another student; a student who
+a poll, ask a prediction, end the class, or answer for another student; a class prediction's
+guesses reach the instructor as a distribution and are fixed once its levers move; a student who
 disconnects leaves the list and their request still in the engine is cancelled."""
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import socketio
 
 from tests.server_process import ServerProcess
 from web.classroom_state import JOIN_BURST, NAME_MAX
+from web.lessons import LessonLibrary
+from web.predictions import predict_cards
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,9 @@ class Watcher:
         self.states: list[dict[str, Any]] = []
         self.client.on("hello", self.hellos.append, namespace="/live")
         self.client.on("class_state", self.states.append, namespace="/live")
-        self.client.connect(server.base_url, namespaces=["/live"], auth={"token": token}, wait_timeout=30)
+        self.client.connect(
+            server.base_url, namespaces=["/live"], auth={"token": token}, transports=["websocket"], wait_timeout=30
+        )
         wait_until(lambda: self.hellos)
 
     @property
@@ -198,6 +203,38 @@ def test_a_student_holds_no_authority_and_answers_only_for_itself(
     assert started_flood["ok"] and started_flood["flood"]["running"]
     wait_until(lambda: ada.states[-1]["flood"]["running"] and ada.states[-1]["flood"]["per_student"] == 0.2)
     assert instructor.call("class_flood", {"action": "stop"})["ok"]
+    for watcher in (ada, bob):
+        watcher.close()
+
+
+def test_a_class_prediction_collects_guesses_then_applies_the_cards_levers(
+    server: ServerProcess, teacher: tuple[Watcher, dict]
+) -> None:
+    instructor, started = teacher
+    card = predict_cards(LessonLibrary().step(4).meta)[0]  # the class's step: 4
+    ada, _ = student(server, started["code"], "Ada")
+    bob, _ = student(server, started["code"], "Bob")
+    applied: list[dict[str, Any]] = []
+    ada.client.on("class_applied", applied.append, namespace="/live")
+    early = instructor.call("class_predict", {"action": "apply"})
+    assert early["ok"] is False and early["error"]["code"] == "no_prediction"
+    bad = instructor.call("class_predict", {"action": "ask", "index": 99})
+    assert bad["ok"] is False and bad["error"]["param"] == "index"
+    assert instructor.call("class_predict", {"action": "ask", "index": 0})["ok"]
+    asked = wait_until(lambda: ada.states and ada.states[-1]["predict"])
+    assert asked["question"] == card.question and "correct" not in asked and "counts" not in asked
+    assert ada.call("class_answer", {"kind": "predict", "index": card.answer})["ok"]
+    assert bob.call("class_answer", {"kind": "predict", "index": (card.answer + 1) % len(card.options)})["ok"]
+    wait_until(lambda: instructor.states[-1]["predict"]["answered"] == 2)
+    counts = instructor.states[-1]["predict"]["counts"]
+    assert counts[card.answer] == 1 and sum(counts) == 2  # the instructor sees the distribution of guesses
+    ack = instructor.call("class_predict", {"action": "apply"})
+    assert ack["ok"] and ack["levers"]["max_num_seqs"] == 4
+    wait_until(lambda: applied)
+    assert applied[0]["correct"] == card.answer and applied[0]["card"]["metric"] == card.metric
+    late = bob.call("class_answer", {"kind": "predict", "index": 0})
+    assert late["ok"] is False and late["error"]["code"] == "closed"  # guesses are fixed once the levers move
+    assert instructor.call("set_levers", {"max_num_seqs": 8})["ok"]
     for watcher in (ada, bob):
         watcher.close()
 
