@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
 
 from tests.server_process import ServerProcess
 from web.lessons import LessonLibrary
@@ -57,6 +57,14 @@ def new_page(browser: Browser) -> tuple[BrowserContext, Page]:
 
 def wait(page: Page, expression: str, arg: object = None, timeout_s: float = 60) -> Any:
     return page.wait_for_function(f"(arg) => ({expression})", arg=arg, timeout=timeout_s * 1000).json_value()
+
+
+def press(target: Locator) -> None:
+    """A click on a visible button. The click event itself, not Playwright's pointer click: the
+    swimlanes grow a lane per request, so what lies below them moves every tick and never
+    counts as stable for a pointer click on a busy machine."""
+    expect(target).to_be_visible()
+    target.dispatch_event("click")
 
 
 def emit(page: Page, event: str, data: dict) -> dict:
@@ -104,16 +112,16 @@ def test_students_join_and_the_instructor_lists_them_as_text(classroom: dict[str
 
 def test_a_poll_reaches_the_instructor_and_its_reveal_reaches_the_students(classroom: dict[str, Any]) -> None:
     teacher, students = classroom["teacher"], classroom["students"]
-    teacher.click("#poll-open")
+    press(teacher.locator("#poll-open"))
     for i, page in enumerate(students):
         expect(page.locator("#class-poll")).to_be_visible()
-        page.locator("#poll-options .option").nth(i % 2).click()
+        press(page.locator("#poll-options .option").nth(i % 2))
         expect(page.locator("#poll-options .option.chosen")).to_have_count(1)
     expect(teacher.locator("#poll-phase")).to_contain_text("3 answered", timeout=20_000)
     counts = teacher.locator("#poll-options .count").all_inner_texts()
     assert [int(c) for c in counts][:2] == [2, 1]
     assert students[0].locator("#poll-options .count").count() == 0  # the distribution is the instructor's
-    teacher.click("#poll-reveal")
+    press(teacher.locator("#poll-reveal"))
     for page in students:
         expect(page.locator("#poll-options .option.correct")).to_have_count(1)
         expect(page.locator("#poll-options .why").first).to_be_visible()
@@ -136,7 +144,7 @@ def test_a_student_cannot_move_levers_or_flood(classroom: dict[str, Any]) -> Non
 def test_students_send_prompts_and_each_sees_their_own_highlighted_rows(classroom: dict[str, Any]) -> None:
     teacher, students = classroom["teacher"], classroom["students"]
     for page in students:
-        page.click("#class-prompt-send")
+        press(page.locator("#class-prompt-send"))
     for page in students:
         expect(page.locator("#class-prompt-timing")).to_contain_text("time to first token", timeout=120_000)
     for page in students:
@@ -146,7 +154,11 @@ def test_students_send_prompts_and_each_sees_their_own_highlighted_rows(classroo
         assert mine >= 1
         others = page.evaluate("(arg) => window.servelabTraces.rows().filter(r => r.user && r.user !== arg).length", me)
         assert others >= 2  # the other students' requests are there too, not highlighted
-        assert page.evaluate("document.getElementById('chart-swimlanes') !== null")
+        # ... and the lanes the swimlanes chart draws: this student's highlighted, the others' not.
+        wait(page, "document.querySelectorAll('#chart-swimlanes g.lane.mine').length > 0", None, 30)
+        drawn_mine = page.eval_on_selector_all("#chart-swimlanes g.lane.mine", "gs => gs.map(g => g.dataset.user)")
+        assert set(drawn_mine) == {me}
+        assert page.locator("#chart-swimlanes g.lane[data-user]:not(.mine)").count() >= 2
         expect(page.locator("#queue-position")).not_to_be_empty()
     expect(teacher.locator("#student-list [data-ttft]")).to_have_count(3)
     wait(
@@ -162,7 +174,7 @@ def test_a_class_flood_sends_from_every_student_browser(classroom: dict[str, Any
     teacher.fill("#flood-rate", "1")
     teacher.fill("#flood-prompt", "16")
     teacher.fill("#flood-output", "4")
-    teacher.click("#flood-start")
+    press(teacher.locator("#flood-start"))
     expect(teacher.locator("#flood-state")).to_have_text("on")
     for page in students:
         try:
@@ -170,11 +182,27 @@ def test_a_class_flood_sends_from_every_student_browser(classroom: dict[str, Any
         except Exception as err:
             counts = page.evaluate("JSON.stringify(window.servelab.classroom)")
             raise AssertionError(f"{counts} {page.locator('#flood-status').inner_text()}") from err
-    teacher.click("#flood-stop")
+    press(teacher.locator("#flood-stop"))
     for page in students:
         expect(page.locator("#flood-state")).to_have_text("off")
         assert page.errors == []  # type: ignore[attr-defined]
     assert teacher.errors == []  # type: ignore[attr-defined]
+
+
+def test_a_class_prediction_collects_guesses_then_every_page_watches(classroom: dict[str, Any]) -> None:
+    teacher, students = classroom["teacher"], classroom["students"]
+    card = predict_cards(LessonLibrary().step(4).meta)[0]
+    press(teacher.locator("[data-ask='0']"))
+    for i, page in enumerate(students):
+        expect(page.locator("#predict-question")).to_have_text(card.question)
+        press(page.locator("#predict-options .option").nth(i % len(card.options)))
+        expect(page.locator("#predict-options .option.chosen")).to_have_count(1)
+    expect(teacher.locator("#predict-phase")).to_contain_text("3 guessed", timeout=20_000)
+    assert sum(int(c) for c in teacher.locator("#predict-options .count").all_inner_texts()) == 3
+    press(teacher.locator("#predict-apply"))
+    for page in (teacher, *students):
+        expect(page.locator("#predict-result")).to_contain_text("watching " + card.view()["label"], timeout=20_000)
+    assert students[0].locator("#predict-options .option.correct").count() == 0  # the answer waits for the outcome
 
 
 def test_a_prediction_card_asks_before_its_levers_change(server: ServerProcess, browser: Browser) -> None:
@@ -184,18 +212,18 @@ def test_a_prediction_card_asks_before_its_levers_change(server: ServerProcess, 
     context, page = new_page(browser)
     page.goto(f"{server.base_url}/steps/4?token={TOKEN}")
     wait(page, "window.servelab && window.servelab.role === 'instructor' && window.servelab.snapshots > 0")
-    page.click("#apply-preset")  # the step's own levers: 3 requests a second, 64 slots
+    press(page.locator("#apply-preset"))  # the step's own levers: 3 requests a second, 64 slots
     wait(page, "window.servelab.lab.levers.max_num_seqs === 64 && window.servelab.lab.levers.request_rate === 3")
-    page.click("#traffic-start")
+    press(page.locator("#traffic-start"))
     wait(page, "window.servelab.lab.traffic.running")
     time.sleep(6)  # a baseline of snapshots under the step's traffic
     button = page.locator(f"button[data-kind={card.kind}][data-scenario='{card.index}']")
-    button.click()
+    press(button)
     box = page.locator(".predict-box")
     expect(box.locator(".predict-question")).to_contain_text(card.question)
     time.sleep(2)  # asked, not applied: the levers have not moved
     assert page.evaluate("window.servelab.lab.levers.max_num_seqs") == 64
-    box.locator(".predict-option").nth(card.answer).click()
+    press(box.locator(".predict-option").nth(card.answer))
     wait(page, "window.servelab.lab.levers.max_num_seqs === arg", levers["max_num_seqs"], 20)
     expect(box.locator(".predict-result")).to_contain_text("watching")
     result = box.locator(".predict-result.done")
@@ -206,6 +234,6 @@ def test_a_prediction_card_asks_before_its_levers_change(server: ServerProcess, 
     expect(result).to_contain_text("went from ")
     assert after > before, (before, after)  # the lesson's answer ("climbs") is what the live engine did
     assert page.errors == []  # type: ignore[attr-defined]
-    page.click("#traffic-stop")  # last in the file: what it queued drains after the module's classroom tests
+    press(page.locator("#traffic-stop"))  # last in the file: what it queued drains after the module's classroom tests
     assert emit(page, "set_levers", {"max_num_seqs": 16, "request_rate": 1.0})["ok"]
     context.close()

@@ -8,7 +8,8 @@ in simulated mode the simulated fleet's, times in simulated seconds, each marked
 each answered through the acknowledgement callback with {ok, ...} or {ok: false, error}.
 
 When SERVELAB_INSTRUCTOR_TOKEN is set, only a connection that presents it (auth.token) may
-change anything; the others watch. Only the app's own origin may connect (Socket.IO's default
+change anything; the others watch. While a class runs (web/classroom.py), its token is an
+instructor's too and every other connection watches, told by a new `hello` when a class starts. Only the app's own origin may connect (Socket.IO's default
 same-origin check, kept on explicitly in app.py)."""
 
 from __future__ import annotations
