@@ -201,13 +201,18 @@
     });
   }
 
-  // One streamed completion with this student's id as `user`; resolves {ttft (s), chunks}.
+  // One streamed request with this student's id as `user`; resolves {ttft (s), chunks}. Text
+  // typed by the student goes as a chat message (the model is an instruct model, as in the lab's
+  // prompt box); the class flood's random token ids as a plain completion.
   async function send(prompt, maxTokens, onText) {
     const me = classroom.student;
     const start = performance.now();
-    const res = await fetch("/v1/completions", {
-      method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ model: (window.servelab.lab || {}).model, prompt: prompt, max_tokens: maxTokens, stream: true, user: me.id }),
+    const chat = typeof prompt === "string";
+    const body = { model: (window.servelab.lab || {}).model, max_tokens: maxTokens, stream: true, user: me.id };
+    if (chat) body.messages = [{ role: "user", content: prompt }];
+    else body.prompt = prompt;
+    const res = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
     });
     if (!res.ok) {
       const body = await res.json();
@@ -226,7 +231,8 @@
         if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
         const msg = JSON.parse(line.slice(6));
         if (msg.error) throw new Error(msg.error.message);
-        const text = msg.choices && msg.choices.length ? msg.choices[0].text || "" : "";
+        const choice = msg.choices && msg.choices.length ? msg.choices[0] : null;
+        const text = choice ? (chat ? (choice.delta || {}).content : choice.text) || "" : "";
         if (text) { if (first === null) first = performance.now(); chunks += 1; if (onText) onText(text); }
       }
     }
