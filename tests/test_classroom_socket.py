@@ -147,6 +147,10 @@ def test_unknown_codes_and_bad_names_get_clear_errors(server: ServerProcess, tea
         assert status == 400 and body["error"]["param"] == "name" and words in body["error"]["message"], body
     status, body, _ = post(server, f"/join/{code}", b"not json")
     assert status == 400 and body["error"]["param"] == "name"
+    status, body, _ = post(server, "/class/new", {"step": 99})
+    assert status == 400 and body["error"]["param"] == "step"
+    status, body, _ = post(server, "/class/new", [1, 2])
+    assert status == 400 and "JSON object" in body["error"]["message"]
     status, body, _ = post(server, f"/join/{code.lower()}", {"name": "<img src=x onerror=alert(1)>"})
     assert (
         status == 201 and body["name"] == "<img src=x onerror=alert(1)>"

@@ -241,8 +241,17 @@ def registry() -> ClassRegistry:
     return current_app.extensions["servelab_classroom"]
 
 
-def _presented() -> str | None:
-    body = request.get_json(silent=True) if request.is_json else None
+def _json_body() -> dict[str, Any] | None:
+    """The request's JSON object; None for a form post; a 400 for JSON that is not an object."""
+    if not request.is_json:
+        return None
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise ServingError(400, "the body must be a JSON object", None)
+    return body
+
+
+def _presented(body: dict[str, Any] | None = None) -> str | None:
     for value in (
         request.args.get("token"),
         (body or {}).get("token"),
@@ -285,11 +294,14 @@ def new_class() -> Any:
 
 @classroom.post("/class/new")
 def start_class() -> Any:
-    body = request.get_json(silent=True) if request.is_json else None
-    raw_step = (body or {}).get("step", 1) if body is not None else request.form.get("step", "1")
+    try:
+        body = _json_body()
+    except ServingError as err:
+        return error_response(err)
+    raw_step = body.get("step", 1) if body is not None else request.form.get("step", "1")
     step = int(raw_step) if isinstance(raw_step, str) and raw_step.isdigit() else raw_step
     try:
-        cls = registry().start(step, _presented())
+        cls = registry().start(step, _presented(body))
     except ServingError as err:
         return error_response(err) if body is not None else _page_error(err)
     if body is not None:
