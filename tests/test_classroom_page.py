@@ -7,6 +7,7 @@ student's attempts to move levers or flood are refused, and a name holding HTML 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,6 +99,13 @@ def classroom(server: ServerProcess, browser: Browser) -> Iterator[dict[str, Any
     yield {"teacher": teacher, "students": students, "code": code}
     for context in contexts:
         context.close()
+
+
+def test_with_the_env_token_set_starting_a_class_needs_it(server: ServerProcess) -> None:
+    status, body = server.request("POST", "/class/new", {"step": 1})
+    assert status == 403 and json.loads(body)["error"]["param"] == "token"
+    status, body = server.request("POST", "/class/new", {"step": 1, "token": "a guess"})
+    assert status == 403
 
 
 def test_students_join_and_the_instructor_lists_them_as_text(classroom: dict[str, Any]) -> None:
@@ -224,7 +232,11 @@ def test_a_prediction_card_asks_before_its_levers_change(server: ServerProcess, 
     time.sleep(2)  # asked, not applied: the levers have not moved
     assert page.evaluate("window.servelab.lab.levers.max_num_seqs") == 64
     press(box.locator(".predict-option").nth(card.answer))
-    wait(page, "window.servelab.lab.levers.max_num_seqs === arg", levers["max_num_seqs"], 20)
+    try:
+        wait(page, "window.servelab.lab.levers.max_num_seqs === arg", levers["max_num_seqs"], 60)
+    except Exception as err:  # say what the scenario's acknowledgement said
+        said = page.locator("#scenario-result").inner_text()
+        raise AssertionError(f"{said!r} {page.errors} {box.inner_html()}") from err  # type: ignore[attr-defined]
     expect(box.locator(".predict-result")).to_contain_text("watching")
     result = box.locator(".predict-result.done")
     expect(result).to_have_count(1, timeout=(card.settle_s + 30) * 1000)
