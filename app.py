@@ -22,6 +22,7 @@ from engine.serving.fleet import Fleet, FleetConfig
 from engine.serving.lab import LiveLab, engine_fields, replica_bounds
 from engine.serving.router import RouterConfig
 from web import create_api_app
+from web.classroom import install_classroom
 from web.lessons import LessonLibrary
 from web.live import LiveChannel
 from web.pages import pages
@@ -64,7 +65,8 @@ def create_app(lab: LiveLab, instructor_token: str | None = None) -> Flask:
     # cors_allowed_origins=None is Socket.IO's same-origin rule: a page from another origin
     # cannot drive this engine from a learner's browser.
     socketio = SocketIO(app, async_mode="threading", cors_allowed_origins=None)
-    app.extensions["servelab_live"] = LiveChannel(socketio, lab, lessons, instructor_token)
+    app.extensions["servelab_live"] = live = LiveChannel(socketio, lab, lessons, instructor_token)
+    install_classroom(app, live, instructor_token)  # /class/new, /join/CODE and their socket events
     return app
 
 

@@ -43,6 +43,7 @@ GOOD = textwrap.dedent(
       - title: Unbounded queue
         levers: {queue_cap: 10000, queue_bound: false, deadline_recheck: false, retry_jitter: false, central_queue: false}
         expect: Everyone waits; TTFT explodes.
+        predict: {question: "What does TTFT do?", options: [explodes, stays flat], answer: 0, metric: ttft_p99}
     ---
     # The queue
 

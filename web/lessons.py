@@ -20,6 +20,7 @@ from markdown_it import MarkdownIt
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS
 from web.failures import failures_for_step
+from web.predictions import check_predict
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
 CHARTS = {  # the live charts a lesson may name, with the title a page gives each
@@ -144,6 +145,9 @@ def _check(meta: Any, c: _Checker) -> None:
     if isinstance(step, int) and not isinstance(step, bool):
         _check_defence_cards(step, meta.get("failure_modes"), c)
     _check_decision(meta.get("decision"), c)
+    cards = [card for kind in ("scenarios", "failure_modes") for card in meta.get(kind) or [] if isinstance(card, dict)]
+    if cards and not any("predict" in card for card in cards):
+        c.fail(("scenarios",), "at least one card (scenarios or failure_modes) must carry a predict")
     if "at_scale" in meta:
         _check_at_scale(meta["at_scale"], c)
     known = {"step", "title", "summary", "levers", "charts", "scenarios", "decision", "failure_modes", "at_scale"}
@@ -178,6 +182,9 @@ def _check_cards(cards: Any, name: str, texts: tuple[str, ...], c: _Checker) -> 
             if not isinstance(card.get(key), str) or not card[key].strip():
                 c.fail((name, i, key), f"{name}[{i}] needs a non-empty {key}")
         _check_levers(card.get("levers"), (name, i, "levers"), c, required=True)
+        if "predict" in card:  # predict, observe, explain (web/predictions.py)
+            for where, message in check_predict(card["predict"]):
+                c.fail((name, i, "predict", *where), f"{name}[{i}]: {message}")
 
 
 def _check_defence_cards(step: int, cards: Any, c: _Checker) -> None:

@@ -10,7 +10,8 @@ in simulated mode the simulated fleet's, times in simulated seconds, each marked
 each answered through the acknowledgement callback with {ok, ...} or {ok: false, error}.
 
 When SERVELAB_INSTRUCTOR_TOKEN is set, only a connection that presents it (auth.token) may
-change anything; the others watch. Only the app's own origin may connect (Socket.IO's default
+change anything; the others watch. While a class runs (web/classroom.py), its token is an
+instructor's too and every other connection watches, told by a new `hello` when a class starts. Only the app's own origin may connect (Socket.IO's default
 same-origin check, kept on explicitly in app.py)."""
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class LiveChannel:
         self.lessons = lessons
         self.token = token or None
         self.roles: dict[str, str] = {}
+        # A running class's instructor token (web/classroom.py): while one is set, it is an
+        # instructor's too and every other connection watches. Those told of a closed connection:
+        self.class_token: Callable[[], str | None] = lambda: None
+        self.leave_listeners: list[Callable[[str], None]] = []
+        self._presented: dict[str, str | None] = {}
         self._cursor = 0
         self._log = lab.events  # which executor's event log the cursor is in
         self._traces = lab.traces  # which executor's traces the last `trace` tick read
@@ -94,20 +100,37 @@ class LiveChannel:
 
     def on_connect(self, auth: dict | None = None) -> None:
         presented = (auth or {}).get("token") if isinstance(auth, dict) else None
-        if self.token is None:
-            role = "open"
-        elif isinstance(presented, str) and hmac.compare_digest(presented, self.token):
-            role = "instructor"
-        else:
-            role = "viewer"
+        presented = presented if isinstance(presented, str) else None
+        role = self._role(presented)
+        self._presented[request.sid] = presented  # type: ignore[attr-defined]
         self.roles[request.sid] = role  # type: ignore[attr-defined]
         self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state()}, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
         traces = self.lab.traces
         trace = {"time": traces.clock.now(), "run": self.lab.run, "full": True, **traces.full()}
         self.socketio.emit("trace", trace, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
 
+    def _role(self, presented: str | None) -> str:
+        class_token = self.class_token()
+        for token in (self.token, class_token):
+            if token and presented and hmac.compare_digest(presented.encode(), token.encode()):
+                return "instructor"
+        return "open" if self.token is None and class_token is None else "viewer"
+
+    def refresh_roles(self) -> None:
+        """A class started or ended: each connection's role again, and a new hello to those whose
+        role changed (an open browser becomes a watcher the moment a class starts)."""
+        for sid, presented in list(self._presented.items()):
+            role = self._role(presented)
+            if self.roles.get(sid) != role:
+                self.roles[sid] = role
+                self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state()}, to=sid, namespace=NAMESPACE)
+
     def on_disconnect(self, *args: Any) -> None:
-        self.roles.pop(request.sid, None)  # type: ignore[attr-defined]
+        sid = request.sid  # type: ignore[attr-defined]
+        self.roles.pop(sid, None)
+        self._presented.pop(sid, None)
+        for listener in list(self.leave_listeners):
+            listener(sid)
 
     def on_set_levers(self, data: Any) -> dict[str, Any]:
         return self._guarded(lambda: self.lab.set_levers(data if isinstance(data, dict) else None, "a learner"))  # type: ignore[arg-type]
