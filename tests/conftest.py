@@ -37,12 +37,9 @@ def browser() -> Any:
 
 @pytest.fixture
 def page(browser: Any) -> Any:
-    """A fresh browser context and page per test, 1400x1000. `page.errors` collects the page's
-    console errors and uncaught exceptions, `page.uncaught` the exceptions alone."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.errors, page.uncaught = [], []
-    page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))
-    page.on("pageerror", lambda e: (page.errors.append(str(e)), page.uncaught.append(str(e))))
+    """A fresh browser context and page per test (tests/browser_pages.py says what it collects)."""
+    from tests.browser_pages import new_page
+
+    context, page = new_page(browser)
     yield page
     context.close()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
 
+from tests import browser_pages
 from tests.server_process import ServerProcess
 from web.lessons import LessonLibrary
 from web.predictions import predict_cards
@@ -46,14 +47,7 @@ def server() -> Iterator[ServerProcess]:
 
 
 def new_page(browser: Browser) -> tuple[BrowserContext, Page]:
-    context = browser.new_context(viewport={"width": 1300, "height": 950})
-    page = context.new_page()
-    page.errors = []  # type: ignore[attr-defined]
-    page.dialogs = []  # type: ignore[attr-defined]
-    page.on("console", lambda m: m.type == "error" and page.errors.append(m.text))  # type: ignore[attr-defined]
-    page.on("pageerror", lambda e: page.errors.append(str(e)))  # type: ignore[attr-defined]
-    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))  # type: ignore[attr-defined]
-    return context, page
+    return browser_pages.new_page(browser, 1300, 950)
 
 
 def wait(page: Page, expression: str, arg: object = None, timeout_s: float = 60) -> Any:

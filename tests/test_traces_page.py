@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page
 
+from tests.browser_pages import new_page
 from tests.server_process import ROOT, ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
@@ -35,14 +36,11 @@ def server() -> Iterator[ServerProcess]:
 @pytest.fixture(scope="module")
 def page(browser: Browser, server: ServerProcess) -> Iterator[Page]:
     ARTIFACTS.mkdir(exist_ok=True)
-    context = browser.new_context(viewport={"width": 1400, "height": 1200})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    context, page = new_page(browser, 1400, 1200)
     page.goto(f"{server.base_url}/steps/3")
     page.wait_for_function("window.servelabTraces && window.servelab.snapshots > 0")
     yield page
-    assert errors == [], errors
+    assert page.uncaught == [], page.uncaught
     context.close()
 
 
