@@ -33,6 +33,7 @@ READ_BYTES = 65536
 # Hop-by-hop headers (RFC 9110 7.6.1) are the proxy's own business: never forwarded.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host"}
 IDLE_TIMEOUT_CODE = "proxy_idle_timeout"
+ORPHAN_IDLE_S = 60.0  # an orphaned response silent this long is given up
 VIA = "servelab-lab-proxy"  # the Via header it adds (RFC 9110 7.6.3): the server's log skips the lab's own traffic
 
 
@@ -40,6 +41,10 @@ VIA = "servelab-lab-proxy"  # the Via header it adds (RFC 9110 7.6.3): the serve
 class ProxySettings:
     stream_flush: bool = True
     idle_timeout_s: float = 0.0  # 0: none
+    # False: a client that hangs up is not passed on; the proxy reads the upstream's response to
+    # its end, so the server generates every token for nobody (cancel_on_disconnect off against
+    # a remote server, issue 17, whose own cancellation the lab cannot switch off).
+    relay_hangup: bool = True
 
 
 @dataclass
@@ -49,6 +54,7 @@ class ProxyCounts:
     forwarded: int = 0
     cut_idle: int = 0  # streams cut at the idle timeout
     client_hung_up: int = 0  # relays ended because the client went away first
+    orphan_chunks: int = 0  # SSE data chunks read for a client already gone (relay_hangup off)
 
 
 class LabProxy:
@@ -149,6 +155,9 @@ class _RelayHandler(BaseHTTPRequestHandler):
             if self.connection in readable:
                 if _client_left(self.connection):
                     self.proxy.count("client_hung_up")
+                    if not settings.relay_hangup:
+                        self._read_to_end(upstream)
+                        return
                     upstream.shutdown(socket.SHUT_RDWR)
                     return
                 watch_client = False  # bytes after the request (a pipelined one): not ours to read
@@ -172,6 +181,20 @@ class _RelayHandler(BaseHTTPRequestHandler):
                     self._error(504, f"no bytes from the server for {timeout:g} s (the proxy's idle timeout)",
                                 IDLE_TIMEOUT_CODE)
                 return  # mid-stream: the connection just closes, as nginx's does
+
+    def _read_to_end(self, upstream: socket.socket) -> None:
+        """The client left and the server is not told: read the rest of its response for
+        nobody, counting the data chunks made for a client already gone."""
+        last_byte = time.monotonic()
+        while time.monotonic() - last_byte < ORPHAN_IDLE_S:
+            readable, _, _ = select.select([upstream], [], [], POLL_S)
+            data = _recv(upstream) if readable else None
+            if data == b"":
+                return
+            if data:
+                last_byte = time.monotonic()
+                for _ in range(data.count(b"data: {")):
+                    self.proxy.count("orphan_chunks")
 
     def _send(self, data: bytes) -> bool:
         try:
