@@ -23,7 +23,8 @@ from engine.serving.fleet import Fleet, FleetConfig
 from engine.serving.lab import LiveLab, engine_fields, replica_bounds
 from engine.serving.lab_facade import LabFacade
 from engine.serving.remote_backend import RemoteConfig
-from engine.serving.remote_lab import REMOTE_LEVERS, RemoteLab
+from engine.serving.remote_lab import RemoteLab
+from engine.serving.remote_levers import REMOTE_LEVERS
 from engine.serving.router import RouterConfig
 from web import create_api_app
 from web.lessons import LessonLibrary

@@ -64,8 +64,15 @@ def health() -> Response:
 @remote_api.get("/ready")
 def ready() -> Response:
     remote = lab()
-    body = {"ready": True, "remote": {"url": remote.config.base_url, "reachable": remote.info.reachable,
-                                      "status": remote.status, "problems": [p for p in remote.problems.values() if p]}}
+    body = {
+        "ready": True,
+        "remote": {
+            "url": remote.config.base_url,
+            "reachable": remote.info.reachable,
+            "status": remote.status,
+            "problems": [p for p in remote.problems.values() if p],
+        },
+    }
     return Response(json.dumps(body), mimetype="application/json")
 
 
@@ -100,13 +107,16 @@ def _pass(method: str, path: str, body: bytes) -> Response:
     except (OSError, http.client.HTTPException) as err:
         conn.close()
         remote.errors.report("the app's API", None, None, f"{url}: {type(err).__name__}: {err}")
-        raise ServingError(502, f"the remote server at {remote.config.base_url} is unreachable: {err}", None,
-                           "remote_unreachable") from None
+        raise ServingError(
+            502, f"the remote server at {remote.config.base_url} is unreachable: {err}", None, "remote_unreachable"
+        ) from None
     passed = {name: value for name, value in resp.getheaders() if name.lower() in PASSED_HEADERS}
     if resp.status >= 400:
         data = resp.read()
         conn.close()
-        remote.errors.report("the app's API", resp.status, resp.getheader("Retry-After"), data[:2000].decode("utf-8", "replace"))
+        remote.errors.report(
+            "the app's API", resp.status, resp.getheader("Retry-After"), data[:2000].decode("utf-8", "replace")
+        )
         return Response(data, status=resp.status, headers=passed)
     if "text/event-stream" in (resp.getheader("Content-Type") or ""):
         passed["X-Accel-Buffering"] = "no"
@@ -128,8 +138,14 @@ def _relay(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> 
             yield chunk
     except (OSError, http.client.HTTPException):
         # The remote went away mid-stream: end it in-band, as the API's contract has it.
-        error = {"error": {"message": "the remote server closed the stream", "type": "remote_error", "param": None,
-                           "code": "remote_stream_cut"}}
+        error = {
+            "error": {
+                "message": "the remote server closed the stream",
+                "type": "remote_error",
+                "param": None,
+                "code": "remote_stream_cut",
+            }
+        }
         yield f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()
     finally:
         conn.close()

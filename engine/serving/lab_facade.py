@@ -21,7 +21,7 @@ class LabFacade(Protocol):
 
     @property
     def executor(self) -> str:
-        """"live", "sim" or "remote": what the stream's snapshots come from."""
+        """ "live", "sim" or "remote": what the stream's snapshots come from."""
         ...
 
     def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:

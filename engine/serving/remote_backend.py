@@ -12,8 +12,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 PROBE_TIMEOUT_S = 2.0
-HTTP_REASONS = {401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 429: "Too Many Requests",
-                500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+HTTP_REASONS = {
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
 
 
 def check_url(url: str, what: str) -> str:
@@ -35,7 +43,9 @@ class RemoteConfig:
     api_key: str | None = None
 
     @classmethod
-    def from_args(cls, base_url: str | None, metrics_url: str | None = None, api_key: str | None = None) -> RemoteConfig:
+    def from_args(
+        cls, base_url: str | None, metrics_url: str | None = None, api_key: str | None = None
+    ) -> RemoteConfig:
         if not base_url:
             raise ValueError("--backend remote needs --base-url http://HOST:PORT (or REMOTE_BASE_URL)")
         base = check_url(base_url, "--base-url").removesuffix("/v1")  # the OpenAI SDK's habit: the lab adds /v1
@@ -117,9 +127,15 @@ def probe(config: RemoteConfig) -> RemoteInfo:
         return RemoteInfo(False, problem=f"unreachable: {url}: {type(err).__name__}: {err}")
     server = answer.headers.get("server")
     if answer.status in (401, 403):
-        return RemoteInfo(True, server=server, problem=f"{url} refused the API key: {error_message(answer.status, answer.text())}")
+        return RemoteInfo(
+            True, server=server, problem=f"{url} refused the API key: {error_message(answer.status, answer.text())}"
+        )
     if answer.status != 200:
-        return RemoteInfo(True, server=server, problem=f"not OpenAI-compatible: {url} answered {error_message(answer.status, answer.text())}")
+        return RemoteInfo(
+            True,
+            server=server,
+            problem=f"not OpenAI-compatible: {url} answered {error_message(answer.status, answer.text())}",
+        )
     try:
         data = json.loads(answer.body)
         models = data["data"]
@@ -128,7 +144,8 @@ def probe(config: RemoteConfig) -> RemoteInfo:
     except (ValueError, KeyError, IndexError, TypeError):
         kind = answer.headers.get("content-type", "no content type").split(";")[0]
         return RemoteInfo(
-            True, server=server,
+            True,
+            server=server,
             problem=f"not OpenAI-compatible: {url} answered {kind}, not a JSON list of models ({answer.text(80)!r})",
         )
     length = first.get("max_model_len")

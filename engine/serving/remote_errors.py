@@ -67,11 +67,16 @@ class RemoteErrors:
             if not window.suppressed:
                 continue
             waits = sorted(window.retry_after, key=lambda v: (len(v), v))
-            wait = f", Retry-After {waits[0]}-{waits[-1]} s" if len(waits) > 1 else (f", Retry-After {waits[0]} s" if waits else "")
+            wait = (
+                f", Retry-After {waits[0]}-{waits[-1]} s"
+                if len(waits) > 1
+                else (f", Retry-After {waits[0]} s" if waits else "")
+            )
             what = "failed connections" if kind == "unreachable" else f"{kind}s"
             self.events.emit(
                 EVENT_KIND,
                 f"and {window.suppressed} more {what} from the remote in {self.summary_s:g} s"
                 f" ({', '.join(sorted(window.sources))}{wait})",
-                status=None if kind == "unreachable" else int(kind), count=window.suppressed,
+                status=None if kind == "unreachable" else int(kind),
+                count=window.suppressed,
             )

@@ -33,6 +33,7 @@ from engine.serving.prometheus_text import PrometheusParseError, parse
 from engine.serving.proxy import IDLE_TIMEOUT_CODE, ProxySettings
 from engine.serving.remote_backend import RemoteConfig, RemoteInfo, error_message, fetch, probe
 from engine.serving.remote_errors import EVENT_KIND, RemoteErrors
+from engine.serving.remote_levers import REMOTE_LEVERS, belongs_to_remote, readonly_levers
 from engine.serving.remote_metrics import RemoteReading, RemoteWindow, empty_snapshot, read_exposition
 from engine.serving.traffic import TrafficDriver
 
@@ -45,26 +46,6 @@ PROXY_UNREACHABLE = "the proxy could not reach the server"  # proxy.py's 502
 NOT_PROBED = "not probed yet"
 FLOOD_MAX_RATE = 200.0  # the lab's clients are threads of this process
 # The levers the lab applies itself against a remote: its traffic, its clients, its proxy.
-REMOTE_LEVERS = (
-    "request_rate", "prompt_tokens", "output_tokens", "burstiness", "ttft_target_ms", "stream_flush",
-    "retry_jitter", "cancel_on_disconnect", "client_patience_s", "client_retries", "proxy_idle_timeout_s",
-)
-# Where each of the rest is set on the remote (its server's flag), named in the refusal.
-REMOTE_FLAGS = {
-    "vLLM": {
-        "model": "the model argument of `vllm serve`", "max_num_seqs": "--max-num-seqs",
-        "max_batched_tokens": "--max-num-batched-tokens", "block_size": "--block-size",
-        "tensor_parallel": "--tensor-parallel-size", "gpu_count": "--tensor-parallel-size x --data-parallel-size",
-        "prefix_caching": "--enable-prefix-caching / --no-enable-prefix-caching",
-        "chunked_prefill": "--enable-chunked-prefill", "kv_budget_mb": "--gpu-memory-utilization",
-        "kv_dtype": "--kv-cache-dtype",
-    },
-    "SGLang": {
-        "model": "--model-path", "max_num_seqs": "--max-running-requests", "max_batched_tokens": "--chunked-prefill-size",
-        "block_size": "--page-size", "tensor_parallel": "--tp-size", "gpu_count": "--tp-size x --dp-size",
-        "prefix_caching": "--disable-radix-cache", "kv_budget_mb": "--mem-fraction-static", "kv_dtype": "--kv-cache-dtype",
-    },
-}
 
 
 class RemoteLab:
@@ -97,9 +78,11 @@ class RemoteLab:
     def flavour(self) -> str:
         """vLLM, SGLang or ServeLab (from the metric prefixes or /v1/models), else a plain name."""
         reading = self.reading
-        return (reading.flavour if reading else None) or {"vllm": "vLLM", "sglang": "SGLang", "servelab": "ServeLab"}.get(
-            (self.info.owned_by or "").lower(), "an OpenAI-compatible server"
-        )
+        return (reading.flavour if reading else None) or {
+            "vllm": "vLLM",
+            "sglang": "SGLang",
+            "servelab": "ServeLab",
+        }.get((self.info.owned_by or "").lower(), "an OpenAI-compatible server")
 
     def label(self) -> str:
         """The page header's words: "remote: vLLM at http://gpu:8000, model X"."""
@@ -117,11 +100,19 @@ class RemoteLab:
 
     # levers -------------------------------------------------------------------------------------
 
+    def belongs_to_remote(self, key: str) -> str:
+        return belongs_to_remote(key, self.flavour)
+
+    def readonly(self) -> dict[str, str]:
+        """Each lever the remote owns, with its value where the remote reveals it."""
+        return readonly_levers(self.info, self.reading)
+
     def set_levers(self, changes: dict[str, Any], source: str = "lab", quiet: bool = False) -> dict[str, Any]:
         clean = validate_levers(changes)
         if clean.pop("executor", "live") != "live":
             raise InvalidParamError(
-                "executor", "the remote backend has no simulated mode: run `python app.py` without --backend remote for it"
+                "executor",
+                "the remote backend has no simulated mode: run `python app.py` without --backend remote for it",
             )
         if clean.get("request_rate", 0) > FLOOD_MAX_RATE:
             raise InvalidParamError("request_rate", f"the lab's clients send at most {FLOOD_MAX_RATE:g} req/s")
@@ -135,41 +126,6 @@ class RemoteLab:
             self.events.emit("config", f"{source}: {text} (the lab's traffic, clients and proxy)", levers=changed)
         return {"changed": changed, "rebuild": False, "levers": dict(self.levers)}
 
-    def belongs_to_remote(self, key: str) -> str:
-        flavour = self.flavour
-        flag = REMOTE_FLAGS.get(flavour or "", {}).get(key) or (
-            "--" + key.replace("_", "-") + " of `python -m engine serve`" if flavour == "ServeLab" else None
-        )
-        where = f" (set it where the remote starts: {flag})" if flag else " (set it where the remote starts)"
-        return f"{LEVERS[key].label} belongs to the remote server; the lab cannot change it from outside{where}"
-
-    def readonly(self) -> dict[str, str]:
-        """Each lever the remote owns, with its value where the remote reveals it."""
-        info, reading = self.info, self.reading
-        cache = reading.info if reading else {}
-        known: dict[str, str] = {}
-        if info.model:
-            known["model"] = info.model + (f" (max_model_len {info.max_model_len})" if info.max_model_len else "") + ", from /v1/models"
-        if cache.get("block_size"):
-            known["block_size"] = f"{cache['block_size']} tokens, from vllm:cache_config_info"
-        if cache.get("num_gpu_blocks"):
-            known["kv_budget_mb"] = f"{int(float(cache['num_gpu_blocks'])):,} KV blocks in all, from vllm:cache_config_info"
-        if cache.get("enable_prefix_caching"):
-            known["prefix_caching"] = f"{cache['enable_prefix_caching'].lower()}, from vllm:cache_config_info"
-        if cache.get("cache_dtype"):
-            known["kv_dtype"] = f"{cache['cache_dtype']}, from vllm:cache_config_info"
-        if reading is not None and reading.replicas:
-            known["gpu_count"] = f"{sum(reading.replicas.values())} replica(s), from servelab_replicas"
-        elif reading is not None and reading.engines:
-            known["gpu_count"] = f"{reading.engines} engine(s) in its metrics"
-        hidden = "set on the remote; its metrics do not reveal it"
-        what_if = "the simulated fleet's only; the remote backend has no simulated mode"
-        return {
-            key: what_if if lever.apply == "sim" else known.get(key, hidden)
-            for key, lever in LEVERS.items()
-            if key not in (*REMOTE_LEVERS, "executor")
-        }
-
     # traffic ------------------------------------------------------------------------------------
 
     def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> dict[str, Any]:
@@ -178,12 +134,20 @@ class RemoteLab:
             self.events.emit("flood", "traffic stopped")
         elif action in ("start", "ramp"):
             if action == "ramp":
-                if not isinstance(ramp_to, (int, float)) or isinstance(ramp_to, bool) or not 0 < ramp_to <= FLOOD_MAX_RATE:
+                if (
+                    not isinstance(ramp_to, (int, float))
+                    or isinstance(ramp_to, bool)
+                    or not 0 < ramp_to <= FLOOD_MAX_RATE
+                ):
                     raise InvalidParamError("to", f"the ramp's target rate must be in (0, {FLOOD_MAX_RATE:g}] req/s")
                 if not isinstance(ramp_s, (int, float)) or not 0 <= ramp_s <= 600:
                     raise InvalidParamError("over_s", "the ramp's duration must be in [0, 600] s")
             self.traffic.start(float(ramp_to) if action == "ramp" else None, float(ramp_s))  # type: ignore[arg-type]
-            what = f"ramping to {ramp_to:g} req/s over {ramp_s:g} s" if action == "ramp" else f"sending {self.levers['request_rate']:g} req/s"
+            what = (
+                f"ramping to {ramp_to:g} req/s over {ramp_s:g} s"
+                if action == "ramp"
+                else f"sending {self.levers['request_rate']:g} req/s"
+            )
             self.events.emit("flood", f"traffic on, to the remote: {what}")
         else:
             raise InvalidParamError("action", "must be start, ramp or stop")
@@ -280,7 +244,9 @@ class RemoteLab:
             self.events.emit(EVENT_KIND, f"remote {'API' if part == 'api' else 'metrics'}: {problem}", status=None)
         elif before is not None:
             log.info("remote %s back: %s", part, self.label())
-            self.events.emit(EVENT_KIND, f"remote {'API' if part == 'api' else 'metrics'} back: {self.label()}", status=None)
+            self.events.emit(
+                EVENT_KIND, f"remote {'API' if part == 'api' else 'metrics'} back: {self.label()}", status=None
+            )
 
     @property
     def status(self) -> str:
@@ -348,8 +314,14 @@ class RemoteLab:
     def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
         lab = self.live_state()
         return snap | {
-            "bottlenecks": [], "ttft_target_ms": self.levers["ttft_target_ms"], "executor": "remote",
-            "badge": None, "run": 0, "shape": None, "autoscaler": None, "lab": lab,
+            "bottlenecks": [],
+            "ttft_target_ms": self.levers["ttft_target_ms"],
+            "executor": "remote",
+            "badge": None,
+            "run": 0,
+            "shape": None,
+            "autoscaler": None,
+            "lab": lab,
         }
 
     def stop(self) -> None:

@@ -62,9 +62,16 @@ REJECTIONS = {  # counters of refused requests by reason, onto the rejected char
 SERVELAB_COUNTERS = ("streams_cut_mid_stream", "scale_changes_total", "replicas_ordered_total")
 # What a chart is missing, by snapshot key, when the quantity behind it is not in the scrape.
 NEEDS = {
-    "running": "running", "queue_depth": "waiting", "kv_used_blocks": "kv_usage", "ttft_p50": "ttft",
-    "itl_p50": "itl", "e2el_p50": "e2e", "queue_time_p50": "queue_time", "tokens_per_s": "generation_tokens",
-    "preempted": "preemptions", "prefix_hit_rate": "prefix_queries",
+    "running": "running",
+    "queue_depth": "waiting",
+    "kv_used_blocks": "kv_usage",
+    "ttft_p50": "ttft",
+    "itl_p50": "itl",
+    "e2el_p50": "e2e",
+    "queue_time_p50": "queue_time",
+    "tokens_per_s": "generation_tokens",
+    "preempted": "preemptions",
+    "prefix_hit_rate": "prefix_queries",
 }
 
 
@@ -99,7 +106,9 @@ class RemoteReading:
         return set(self.gauges) | set(self.counters) | set(self.histograms)
 
 
-def read_exposition(scrape: Exposition, now: float, model: str | None = None, owned_by: str | None = None) -> RemoteReading:
+def read_exposition(
+    scrape: Exposition, now: float, model: str | None = None, owned_by: str | None = None
+) -> RemoteReading:
     """Map one scrape onto RemoteReading, keeping only the series of `model` where a series
     names its model (model_name), and summing across engines."""
     names = scrape.names()
@@ -174,8 +183,11 @@ class RemoteWindow:
 
     def add(self, reading: RemoteReading) -> None:
         if self.readings and _restarted(self.readings[-1], reading):
-            self.readings.clear()  # the remote restarted: its counters began again at zero
-            self.readings.append(RemoteReading(reading.time))  # so the window counts from zero
+            # The remote restarted since the last scrape: its counters began again at zero, so
+            # the window counts from zero, at the last time it was seen before.
+            last = self.readings[-1].time
+            self.readings.clear()
+            self.readings.append(RemoteReading(last))
         self.readings.append(reading)
         # Keep one reading from before the window began: the baseline its deltas start from.
         while len(self.readings) > 2 and reading.time - self.readings[1].time >= self.window_s:
@@ -230,9 +242,13 @@ class RemoteWindow:
         for key in SERVELAB_COUNTERS:
             snap[key] = _int(new.servelab.get(key))
         exposed = new.quantities()
-        snap["missing"] = sorted(key for key, quantity in NEEDS.items() if quantity not in exposed and not (
-            key == "tokens_per_s" and "gen_throughput" in exposed) and not (
-            key == "prefix_hit_rate" and "prefix_hit_rate" in exposed))
+        snap["missing"] = sorted(
+            key
+            for key, quantity in NEEDS.items()
+            if quantity not in exposed
+            and not (key == "tokens_per_s" and "gen_throughput" in exposed)
+            and not (key == "prefix_hit_rate" and "prefix_hit_rate" in exposed)
+        )
         if usage is not None and not blocks:
             snap["missing"].append("kv_total_blocks")
         # No remote's metrics say these: its queue is one number, its steps are its own.
@@ -277,9 +293,30 @@ def _int(value: float | None) -> int | None:
 def empty_snapshot() -> dict[str, Any]:
     """Every key the remote snapshot carries, None: what a page gets while the remote is down."""
     keys = (
-        "queue_depth", "running", "waiting", "kv_used_blocks", "kv_total_blocks", "ttft_p50", "ttft_p99",
-        "ttft_p999", "ttft_max", "itl_p50", "itl_p99", "e2el_p50", "e2el_p99", "queue_time_p50", "queue_time_p99",
-        "tokens_per_s", "prompt_tokens_per_s", "preempted", "batch_size", "allreduce_ms", "max_num_seqs",
-        "prefix_hit_rate", "wasted_tokens_per_s", "expired_prefill_tokens", *SERVELAB_COUNTERS,
+        "queue_depth",
+        "running",
+        "waiting",
+        "kv_used_blocks",
+        "kv_total_blocks",
+        "ttft_p50",
+        "ttft_p99",
+        "ttft_p999",
+        "ttft_max",
+        "itl_p50",
+        "itl_p99",
+        "e2el_p50",
+        "e2el_p99",
+        "queue_time_p50",
+        "queue_time_p99",
+        "tokens_per_s",
+        "prompt_tokens_per_s",
+        "preempted",
+        "batch_size",
+        "allreduce_ms",
+        "max_num_seqs",
+        "prefix_hit_rate",
+        "wasted_tokens_per_s",
+        "expired_prefill_tokens",
+        *SERVELAB_COUNTERS,
     )
     return dict.fromkeys(keys) | {"rejected": {}, "replicas": {}, "replica_queue_depths": [], "missing": []}
