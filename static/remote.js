@@ -79,7 +79,7 @@
         note.className = "remote-value";
         label.insertBefore(note, $(".lever-error", label));
       }
-      note.textContent = "remote: " + text;
+      note.textContent = text.startsWith("the simulated") ? text : "remote: " + text;
     }
     for (const sel of LOCAL_PANELS) { const panel = $(sel); if (panel) panel.hidden = true; }
     if ($("#levers-note")) $("#levers-note").textContent = "the lab's traffic, clients and proxy; the rest belong to the remote";

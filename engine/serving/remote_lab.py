@@ -22,6 +22,7 @@ from __future__ import annotations
 import http.client
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ from engine.clock import WALL_CLOCK, Clock
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS, validate_levers
 from engine.serving.events import EventLog
+from engine.serving.metrics import WINDOW_S
 from engine.serving.prometheus_text import PrometheusParseError, parse
 from engine.serving.proxy import IDLE_TIMEOUT_CODE, ProxySettings
 from engine.serving.remote_backend import RemoteConfig, RemoteInfo, error_message, fetch, probe
@@ -64,6 +66,7 @@ class RemoteLab:
         self.problems: dict[str, str | None] = {"api": None, "metrics": None}
         self._subscribers: list[Callable[[dict[str, Any]], None]] = []
         self._next_probe = 0.0
+        self._orphans: deque[tuple[float, int]] = deque()  # (time, the proxy's orphan_chunks)
         self._lock = threading.RLock()
         # The lab's clients send through the lab's proxy to the remote, with its key.
         self.traffic = TrafficDriver(None, lambda: self.levers, api_key=config.api_key)
@@ -267,10 +270,23 @@ class RemoteLab:
                 snap["missing"] = sorted(k for k, v in snap.items() if v is None)
             if not self.info.reachable:
                 snap["replicas"] = {"failed": 1}
-        proxy = self.traffic.proxy
-        snap["orphan_chunks"] = proxy.counts.orphan_chunks if proxy is not None else 0
         snap["time"] = self.clock.now()
+        snap["wasted_tokens_per_s"] = self._orphan_rate(snap["time"])
         return snap | self.traffic.clients.view().fields() | self.traffic.fields()
+
+    def _orphan_rate(self, now: float) -> float:
+        """Chunks the remote streamed for clients already gone (cancel_on_disconnect off: the
+        lab's proxy did not pass their hang-up on), a second over the window: the /failures
+        row's wasted_tokens_per_s, one token a chunk as vLLM and ServeLab stream them."""
+        proxy = self.traffic.proxy
+        total = proxy.counts.orphan_chunks if proxy is not None else 0
+        orphans = self._orphans
+        if orphans and total < orphans[-1][1]:  # a new proxy (the model changed) counts from 0
+            orphans.clear()
+        orphans.append((now, total))
+        while len(orphans) > 1 and now - orphans[0][0] > WINDOW_S:
+            orphans.popleft()
+        return (total - orphans[0][1]) / WINDOW_S
 
     def publish(self) -> None:
         snap = self.compose()
