@@ -5,11 +5,15 @@ chunks; a real client reads one and hangs up."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +25,7 @@ CHUNKS = 30
 class StreamingUpstream:
     """Streams CHUNKS SSE chunks 40 ms apart; counts the ones it could write."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self.written = 0
         self.ended = threading.Event()
         owner = self
@@ -47,11 +51,14 @@ class StreamingUpstream:
                     owner.ended.set()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.scheme = "https" if tls is not None else "http"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.server.server_address[1]}"
 
 
 @pytest.fixture
@@ -88,3 +95,30 @@ def test_the_proxy_passes_a_hang_up_on_or_reads_for_nobody(upstream: StreamingUp
         assert proxy.counts.client_hung_up == 1
     finally:
         proxy.stop()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test's certificate")
+def test_the_proxy_relays_a_remote_behind_tls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    upstream = StreamingUpstream(tls)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the proxy verifies the remote, trusting this one
+    proxy = LabProxy(upstream.url, lambda: ProxySettings(True, 0.0)).start()
+    try:
+        host, port = proxy._server.server_address[:2]
+        with socket.create_connection((host, port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            seen = b""
+            while chunk := sock.recv(4096):
+                seen += chunk
+        assert seen.count(b"data: {") == CHUNKS and upstream.written == CHUNKS
+    finally:
+        proxy.stop()
+        upstream.server.shutdown()
+        upstream.server.server_close()

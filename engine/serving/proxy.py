@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -62,9 +63,11 @@ class LabProxy:
 
     def __init__(self, upstream: str, settings: Callable[[], ProxySettings], host: str = "127.0.0.1") -> None:
         url = urlsplit(upstream)
-        if url.scheme != "http" or not url.hostname:
-            raise ValueError(f"the proxy forwards to http://host[:port], got {upstream!r}")
-        self.upstream_host, self.upstream_port = url.hostname, url.port or 80
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"the proxy forwards to http(s)://host[:port], got {upstream!r}")
+        # https: a remote server behind TLS (issue 17), verified as any client verifies it.
+        self.upstream_tls = ssl.create_default_context() if url.scheme == "https" else None
+        self.upstream_host, self.upstream_port = url.hostname, url.port or (443 if self.upstream_tls else 80)
         self.upstream_path = url.path.rstrip("/")
         self.settings = settings
         self.counts = ProxyCounts()
@@ -95,6 +98,8 @@ class LabProxy:
         """A fresh connection per request ("Connection: close"), the request written whole: the
         response then ends when the upstream closes, so the relay needs no HTTP parsing."""
         sock = socket.create_connection((self.upstream_host, self.upstream_port), timeout=10.0)
+        if self.upstream_tls is not None:  # the handshake, blocking, before the relay reads it
+            sock = self.upstream_tls.wrap_socket(sock, server_hostname=self.upstream_host)
         lines = [f"{method} {self.upstream_path}{path} HTTP/1.1", f"Host: {self.upstream_host}:{self.upstream_port}"]
         lines += [f"{name}: {value}" for name, value in headers if name.lower() not in HOP_BY_HOP]
         lines += ["Connection: close", f"Content-Length: {len(body)}", f"Via: 1.1 {VIA}"]
@@ -220,8 +225,11 @@ class _RelayHandler(BaseHTTPRequestHandler):
 def _recv(sock: socket.socket) -> bytes | None:
     """What the upstream sent; b"" at its end (or a reset); None when select woke for nothing."""
     try:
-        return sock.recv(READ_BYTES)
-    except BlockingIOError:
+        data = sock.recv(READ_BYTES)
+        while isinstance(sock, ssl.SSLSocket) and data and sock.pending():  # decrypted, not in select's sight
+            data += sock.recv(sock.pending())
+        return data
+    except (BlockingIOError, ssl.SSLWantReadError):
         return None
     except OSError:
         return b""
