@@ -67,7 +67,10 @@ def build_remote_lab(config: RemoteConfig, levers: dict | None = None) -> Remote
 def create_app(lab: LabFacade, instructor_token: str | None = None) -> Flask:
     """Pages, API and the live stream over one lab: ServeLab's own engine (LiveLab), or a
     remote server (RemoteLab), whose API the app passes through."""
-    app = create_remote_api_app(lab) if isinstance(lab, RemoteLab) else create_api_app(lab.fleet, LAB_PING_S)  # type: ignore[attr-defined]
+    if isinstance(lab, RemoteLab):
+        app = create_remote_api_app(lab, [k for k in os.environ.get("SERVELAB_API_KEYS", "").split(",") if k])
+    else:
+        app = create_api_app(lab.fleet, LAB_PING_S)  # type: ignore[attr-defined]
     app.extensions["servelab_lab"] = lab
     lessons = LessonLibrary()
     app.extensions["servelab_lessons"] = lessons

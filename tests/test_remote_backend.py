@@ -186,6 +186,10 @@ def test_pass_through_keeps_the_remotes_status_retry_after_and_body(canned: Cann
             events[-1]["status"] == 429
             and "429 Too Many Requests: the request queue is full (Retry-After: 3 s)" in events[-1]["message"]
         )
+        locked = create_remote_api_app(lab, ["class-key"]).test_client()  # SERVELAB_API_KEYS: the app's own
+        assert locked.post("/v1/chat/completions", json={}).status_code == 401
+        ok = locked.post("/v1/chat/completions", json={}, headers={"Authorization": "Bearer class-key"})
+        assert ok.status_code == 429  # let through to the remote, whose answer comes back
         canned.close()
         answer = client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
         assert answer.status_code == 502 and answer.get_json()["error"]["code"] == "remote_unreachable"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,17 +25,22 @@ from engine.serving.remote_backend import auth_headers, connection
 from engine.serving.remote_lab import RemoteLab
 from web.openai_api import MAX_BODY_BYTES, error_response
 
+log = logging.getLogger("servelab.api")
+
 REMOTE_TIMEOUT_S = 600.0  # a stream's longest silence before the pass-through gives up
 PASSED_HEADERS = ("content-type", "retry-after", "cache-control", "x-request-id")
 
 remote_api = Blueprint("remote_api", __name__)
 
 
-def create_remote_api_app(lab: RemoteLab) -> Flask:
-    """The Flask app of the remote lab: the pass-through API; app.py adds pages and sockets."""
+def create_remote_api_app(lab: RemoteLab, api_keys: list[str] | None = None) -> Flask:
+    """The Flask app of the remote lab: the pass-through API; app.py adds pages and sockets.
+    api_keys: the keys this app's own /v1/* asks for (SERVELAB_API_KEYS, as in local mode), so
+    the remote's key is not lent to whoever reaches the app; none: open, a localhost default."""
     root = Path(__file__).resolve().parent.parent
     app = Flask(__name__, static_folder=str(root / "static"), template_folder=str(root / "templates"))
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.config["SERVELAB_API_KEYS"] = list(api_keys or [])
     app.extensions["servelab_remote"] = lab
     app.register_blueprint(remote_api)
     return app
@@ -54,6 +60,12 @@ def _http_error(err: HTTPException) -> Response:
     code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(err.code or 0)
     message = "the request body is too large" if err.code == 413 else (err.description or err.name)
     return error_response(ServingError(err.code or 500, message, None, code))
+
+
+@remote_api.app_errorhandler(Exception)
+def _unexpected(err: Exception) -> Response:
+    log.exception("unhandled error")  # the details go to the log, never to the client
+    return error_response(ServingError(500, "internal server error", None, "internal_error"))
 
 
 @remote_api.get("/health")
@@ -97,6 +109,10 @@ def chat_completions() -> Response:
 
 
 def _pass(method: str, path: str, body: bytes) -> Response:
+    keys = current_app.config["SERVELAB_API_KEYS"]
+    header = request.headers.get("Authorization", "")
+    if keys and (not header.lower().startswith("bearer ") or header[7:].strip() not in keys):
+        raise ServingError(401, "missing or invalid API key", None, "unauthorized")
     remote = lab()
     url = remote.config.base_url + path
     conn, target = connection(url, REMOTE_TIMEOUT_S)
