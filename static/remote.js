@@ -15,6 +15,14 @@
     itl: ["itl_p50"], tokens_per_s: ["tokens_per_s"], preempted: ["preempted"], batch_size: ["batch_size"],
     allreduce_ms: ["allreduce_ms", "itl_p50"], scaling: ["scale_changes_total"],
   };
+  // The snapshot keys a remote may not expose, in the charts' words.
+  const MISSING_WORDS = {
+    allreduce_ms: "all-reduce time", max_num_seqs: "batch slots", waiting: "waiting inside replicas (its queue is one number)",
+    kv_total_blocks: "KV block count (the KV chart shows percent)", kv_used_blocks: "KV use", queue_depth: "queue depth",
+    running: "running requests", ttft_p50: "TTFT", itl_p50: "ITL", e2el_p50: "e2e latency", queue_time_p50: "queue time",
+    tokens_per_s: "output tokens/s", preempted: "preemptions", prefix_hit_rate: "prefix-cache hit rate",
+    streams_cut_mid_stream: "streams cut by scale-in", scale_changes_total: "scale changes", replicas_ordered_total: "replicas ordered",
+  };
   // Panels that model ServeLab's own engine on this machine: nothing to say about a remote.
   const LOCAL_PANELS = ["#envelope", "#shape", "#bottlenecks", "#predict"];
   let styled = false;
@@ -60,7 +68,7 @@
       ul.appendChild(li);
     }
     const missing = snap && snap.missing ? snap.missing : [];
-    $(".missing", el).textContent = missing.length ? "Not in the remote's metrics (charted as gaps): " + missing.join(", ") : "";
+    $(".missing", el).textContent = missing.length ? "Not in the remote's metrics (charted as gaps): " + missing.map((k) => MISSING_WORDS[k] || k).join(", ") : "";
     for (const label of $$(".lever[data-key]")) {
       const key = label.dataset.key, text = remote.readonly[key];
       const input = $("[name]", label);
@@ -80,6 +88,18 @@
         label.insertBefore(note, $(".lever-error", label));
       }
       note.textContent = text.startsWith("the simulated") ? text : "remote: " + text;
+    }
+    // The failure gallery: a defence that lives in the remote server cannot be broken from here.
+    for (const tr of $$(".failure-row[data-lever]")) {
+      const button = $(".failure-toggle", tr);
+      if (remote.readonly[tr.dataset.lever] === undefined || !button) continue;
+      button.disabled = true;
+      if (!$(".remote-value", tr)) {
+        const note = document.createElement("small");
+        note.className = "remote-value";
+        note.textContent = "the remote server's own defence: not the lab's to switch";
+        button.parentElement.appendChild(note);
+      }
     }
     for (const sel of LOCAL_PANELS) { const panel = $(sel); if (panel) panel.hidden = true; }
     if ($("#levers-note")) $("#levers-note").textContent = "the lab's traffic, clients and proxy; the rest belong to the remote";

@@ -302,7 +302,7 @@ class RemoteLab:
             "device": f"remote: {self.flavour} at {self.config.base_url}",
             "dtype": (reading.info.get("cache_dtype") if reading else None) or "remote",
             "backend": self.label(),
-            "devices": 0,
+            "devices": (sum(reading.replicas.values()) if reading.replicas else reading.engines) if reading else 0,
             "status": self.status,
             "levers": dict(self.levers),
             "envelope": None,
