@@ -66,7 +66,7 @@ def emit(page: Page, event: str, data: dict) -> dict:
     )
 
 
-def timeline_has(page: Page, kind: str, words: str, timeout_s: float = 30) -> None:
+def timeline_has(page: Page, kind: str, words: str, timeout_s: float = 90) -> None:
     page.wait_for_function(
         "([kind, words]) => Array.from(document.querySelectorAll('#timeline li.ev-' + kind))"
         ".some((li) => li.textContent.includes(words))",
@@ -119,17 +119,21 @@ def test_the_lab_drives_and_watches_a_remote_server(
     expect(page.locator("#status-text")).to_have_text("unreachable", timeout=30_000)
     expect(page.locator("#remote-banner")).to_contain_text("unreachable")
     timeline_has(page, "remote", "remote API: unreachable")
+    timeline_has(page, "remote", "failed connections from the remote")  # the flood's, summed up
     before = page.evaluate("window.servelab.snapshots")
     page.wait_for_function(f"window.servelab.snapshots > {before + 5}")
     assert page.evaluate("window.servelab.lab.traffic.running")  # the lab's flood runs on, refused
+    assert emit(page, "flood", {"action": "stop"})["ok"]
 
     # It comes back on the same port: the lab reconnects.
     monkeypatch.setattr(server_process, "free_port", lambda: port)
     back = ServerProcess(*REMOTE_FLAGS)
     try:
-        expect(page.locator("#status-text")).to_have_text("serving", timeout=30_000)
+        try:
+            expect(page.locator("#status-text")).to_have_text("serving", timeout=90_000)
+        except AssertionError:
+            pytest.fail(f"not reconnected: {lab_server.request('GET', '/ready')[1].decode()}")
         timeline_has(page, "remote", "remote API back")
-        assert emit(page, "flood", {"action": "stop"})["ok"]
     finally:
         back.stop()
     assert page.page_errors == []  # type: ignore[attr-defined]

@@ -353,6 +353,7 @@ class RemotePoller:
         self.lab = lab
         self.period_s = 1.0 / hz
         self._stop = threading.Event()
+        self._probing = threading.Event()  # a probe on its own thread is still out
         self._thread = threading.Thread(target=self._run, name="remote-poller", daemon=True)
 
     def start(self) -> None:
@@ -361,23 +362,35 @@ class RemotePoller:
     def stop(self) -> None:
         self._stop.set()
 
-    def tick(self) -> None:
+    def tick(self, wait_for_probe: bool = True) -> None:
+        """One round: probe /v1/models if due (on its own thread when not waited for: a remote
+        that does not answer must not hold the stream up), scrape, summarise errors, publish."""
         lab = self.lab
         now = lab.clock.now()
         if (not lab.info.reachable or lab.problems["api"] or not lab.info.model) and now >= lab._next_probe:
             lab._next_probe = now + PROBE_EVERY_S
-            lab.probe_now()
+            if wait_for_probe:
+                lab.probe_now()
+            elif not self._probing.is_set():
+                self._probing.set()
+                threading.Thread(target=self._probe, name="remote-probe", daemon=True).start()
         if lab.info.reachable:
             lab.scrape()
         lab.errors.flush()
         lab.publish()
+
+    def _probe(self) -> None:
+        try:
+            self.lab.probe_now()
+        finally:
+            self._probing.clear()
 
     def _run(self) -> None:
         next_tick = self.lab.clock.now()
         while not self._stop.is_set():
             next_tick += self.period_s
             try:
-                self.tick()
+                self.tick(wait_for_probe=False)
             except Exception:  # a bug in one tick must not end the page's stream
                 log.exception("remote poller tick")
             self._stop.wait(max(0.0, next_tick - self.lab.clock.now()))
