@@ -136,7 +136,7 @@ def test_lab_over_a_bad_remote_stays_usable_and_says_why(canned: CannedServer) -
         # Metrics under other names: named, and the charts' keys are None (the clients' still there).
         canned.routes["/v1/models"] = (200, {"Content-Type": "application/json"}, MODELS)
         canned.routes["/metrics"] = (200, {"Content-Type": "text/plain"}, "http_requests_total 3\n")
-        lab._next_probe = 0.0
+        lab.next_probe = 0.0
         lab.poller.tick()
         assert lab.status == "serving (no metrics)" and lab.info.model == "m"
         snap = lab.snapshot(lab.compose())

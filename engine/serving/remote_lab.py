@@ -65,7 +65,7 @@ class RemoteLab:
         self.set_levers(levers or {}, "the command line", quiet=True)
         self.problems: dict[str, str | None] = {"api": None, "metrics": None}
         self._subscribers: list[Callable[[dict[str, Any]], None]] = []
-        self._next_probe = 0.0
+        self.next_probe = 0.0
         self._orphans: deque[tuple[float, int]] = deque()  # (time, the proxy's orphan_chunks)
         self._lock = threading.RLock()
         # The lab's clients send through the lab's proxy to the remote, with its key.
@@ -233,7 +233,7 @@ class RemoteLab:
             if down and self.info.reachable:  # the remote went away: find out what it says next
                 self.info = RemoteInfo(False, problem=problem)
                 self._note("api", problem)
-                self._next_probe = self.clock.now() + PROBE_EVERY_S
+                self.next_probe = self.clock.now() + PROBE_EVERY_S
             self._note("metrics", problem)
 
     def _note(self, part: str, problem: str | None) -> None:
@@ -367,8 +367,8 @@ class RemotePoller:
         that does not answer must not hold the stream up), scrape, summarise errors, publish."""
         lab = self.lab
         now = lab.clock.now()
-        if (not lab.info.reachable or lab.problems["api"] or not lab.info.model) and now >= lab._next_probe:
-            lab._next_probe = now + PROBE_EVERY_S
+        if (not lab.info.reachable or lab.problems["api"] or not lab.info.model) and now >= lab.next_probe:
+            lab.next_probe = now + PROBE_EVERY_S
             if wait_for_probe:
                 lab.probe_now()
             elif not self._probing.is_set():
