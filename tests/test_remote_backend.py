@@ -146,6 +146,9 @@ def test_lab_over_a_bad_remote_stays_usable_and_says_why(canned: CannedServer) -
             for p in snap["lab"]["remote"]["problems"]
         )
         assert lab.label() == f"remote: vLLM at {canned.url}, model m"  # owned_by names it when metrics cannot
+        with pytest.raises(InvalidParamError) as err:  # max_model_len 4096: 3000 x 1.5 + 64 x 1.5 does not fit
+            lab.set_levers({"prompt_tokens": 3000})
+        assert err.value.param == "prompt_tokens" and "max_model_len is 4096" in err.value.message
     finally:
         lab.stop()
 

@@ -37,17 +37,16 @@ from engine.serving.remote_backend import RemoteConfig, RemoteInfo, error_messag
 from engine.serving.remote_errors import EVENT_KIND, RemoteErrors
 from engine.serving.remote_levers import REMOTE_LEVERS, belongs_to_remote, readonly_levers
 from engine.serving.remote_metrics import RemoteReading, RemoteWindow, empty_snapshot, read_exposition
+from engine.serving.remote_poller import PROBE_EVERY_S, RemotePoller
 from engine.serving.traffic import TrafficDriver
 
 log = logging.getLogger("servelab.remote")
 
-SNAPSHOT_HZ = 6  # the live fleet's rate: the stream's contract is at least 5 a second
 SCRAPE_TIMEOUT_S = 0.5  # a scrape slower than this is a problem worth naming
-PROBE_EVERY_S = 2.0
 PROXY_UNREACHABLE = "the proxy could not reach the server"  # proxy.py's 502
 NOT_PROBED = "not probed yet"
 FLOOD_MAX_RATE = 200.0  # the lab's clients are threads of this process
-# The levers the lab applies itself against a remote: its traffic, its clients, its proxy.
+LENGTH_SPREAD = 1.5  # the lab's traffic draws lengths up to 1.5x their means (traffic.py, draw_length 0.5)
 
 
 class RemoteLab:
@@ -122,6 +121,15 @@ class RemoteLab:
         for key, value in clean.items():
             if key not in REMOTE_LEVERS and value != self.levers[key]:
                 raise InvalidParamError(key, self.belongs_to_remote(key))
+        limit, merged = self.info.max_model_len, self.levers | clean
+        longest = int(merged["prompt_tokens"] * LENGTH_SPREAD) + int(merged["output_tokens"] * LENGTH_SPREAD)
+        if limit and longest > limit and ({"prompt_tokens", "output_tokens"} & set(clean)):
+            key = "prompt_tokens" if "prompt_tokens" in clean else "output_tokens"
+            raise InvalidParamError(
+                key,
+                f"the remote's max_model_len is {limit}: prompts and outputs drawn up to {LENGTH_SPREAD:g}x "
+                f"their means ({longest} tokens) would not fit",
+            )
         changed = {k: v for k, v in clean.items() if self.levers[k] != v}
         self.levers = self.levers | clean
         if changed and not quiet:
@@ -344,53 +352,3 @@ class RemoteLab:
         self.poller.stop()
         self.traffic.stop()
         self.traffic.close()
-
-
-class RemotePoller:
-    """The remote lab's driver: the one thread, and the only wall clock, behind it."""
-
-    def __init__(self, lab: RemoteLab, hz: float = SNAPSHOT_HZ) -> None:
-        self.lab = lab
-        self.period_s = 1.0 / hz
-        self._stop = threading.Event()
-        self._probing = threading.Event()  # a probe on its own thread is still out
-        self._thread = threading.Thread(target=self._run, name="remote-poller", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def tick(self, wait_for_probe: bool = True) -> None:
-        """One round: probe /v1/models if due (on its own thread when not waited for: a remote
-        that does not answer must not hold the stream up), scrape, summarise errors, publish."""
-        lab = self.lab
-        now = lab.clock.now()
-        if (not lab.info.reachable or lab.problems["api"] or not lab.info.model) and now >= lab.next_probe:
-            lab.next_probe = now + PROBE_EVERY_S
-            if wait_for_probe:
-                lab.probe_now()
-            elif not self._probing.is_set():
-                self._probing.set()
-                threading.Thread(target=self._probe, name="remote-probe", daemon=True).start()
-        if lab.info.reachable:
-            lab.scrape()
-        lab.errors.flush()
-        lab.publish()
-
-    def _probe(self) -> None:
-        try:
-            self.lab.probe_now()
-        finally:
-            self._probing.clear()
-
-    def _run(self) -> None:
-        next_tick = self.lab.clock.now()
-        while not self._stop.is_set():
-            next_tick += self.period_s
-            try:
-                self.tick(wait_for_probe=False)
-            except Exception:  # a bug in one tick must not end the page's stream
-                log.exception("remote poller tick")
-            self._stop.wait(max(0.0, next_tick - self.lab.clock.now()))
