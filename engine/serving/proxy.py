@@ -101,7 +101,9 @@ class LabProxy:
         if self.upstream_tls is not None:  # the handshake, blocking, before the relay reads it
             sock = self.upstream_tls.wrap_socket(sock, server_hostname=self.upstream_host)
         lines = [f"{method} {self.upstream_path}{path} HTTP/1.1", f"Host: {self.upstream_host}:{self.upstream_port}"]
-        lines += [f"{name}: {value}" for name, value in headers if name.lower() not in HOP_BY_HOP]
+        # The proxy frames the body itself: a second Content-Length is a malformed request to a
+        # strict server (uvicorn's h11, vLLM's and SGLang's front, answers 400).
+        lines += [f"{name}: {value}" for name, value in headers if name.lower() not in (*HOP_BY_HOP, "content-length")]
         lines += ["Connection: close", f"Content-Length: {len(body)}", f"Via: 1.1 {VIA}"]
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
         sock.setblocking(False)
