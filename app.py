@@ -16,16 +16,22 @@ from flask import Flask
 from flask_socketio import SocketIO
 
 from engine.config import EngineConfig
+from engine.errors import InvalidParamError
 from engine.levers import LEVERS, parse_bool, validate_levers
 from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
 from engine.serving.lab import LiveLab, engine_fields, replica_bounds
+from engine.serving.lab_facade import LabFacade
+from engine.serving.remote_backend import RemoteConfig
+from engine.serving.remote_lab import RemoteLab
+from engine.serving.remote_levers import REMOTE_LEVERS
 from engine.serving.router import RouterConfig
 from web import create_api_app
 from web.classroom import install_classroom
 from web.lessons import LessonLibrary
 from web.live import LiveChannel
 from web.pages import pages
+from web.remote_api import create_remote_api_app
 from web.whatif import whatif
 
 # The teaching app's heartbeat: its lab's proxy idle timeout (proxy_idle_timeout_s) goes down to
@@ -54,9 +60,18 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
     return LiveLab(fleet, values)
 
 
-def create_app(lab: LiveLab, instructor_token: str | None = None) -> Flask:
-    """Pages, API and the live stream over one LiveLab."""
-    app = create_api_app(lab.fleet, LAB_PING_S)
+def build_remote_lab(config: RemoteConfig, levers: dict | None = None) -> RemoteLab:
+    """The lab over a remote server (issue 17): no replica here; its first probe done."""
+    return RemoteLab(config, validate_levers(levers or {})).start()
+
+
+def create_app(lab: LabFacade, instructor_token: str | None = None) -> Flask:
+    """Pages, API and the live stream over one lab: ServeLab's own engine (LiveLab), or a
+    remote server (RemoteLab), whose API the app passes through."""
+    if isinstance(lab, RemoteLab):
+        app = create_remote_api_app(lab, [k for k in os.environ.get("SERVELAB_API_KEYS", "").split(",") if k])
+    else:
+        app = create_api_app(lab.fleet, LAB_PING_S)  # type: ignore[attr-defined]
     app.extensions["servelab_lab"] = lab
     lessons = LessonLibrary()
     app.extensions["servelab_lessons"] = lessons
@@ -76,22 +91,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "5000")))
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0)
+    parser.add_argument("--backend", choices=("local", "remote"), default="local",
+                        help="remote: drive and watch an existing vLLM / SGLang / ServeLab server")
+    parser.add_argument("--base-url", default=os.environ.get("REMOTE_BASE_URL"), help="the remote's API root")
+    parser.add_argument("--metrics-url", default=os.environ.get("REMOTE_METRICS_URL"), help="default: BASE_URL/metrics")
+    parser.add_argument("--api-key", default=os.environ.get("REMOTE_API_KEY"), help="the remote's API key")
     for lever in LEVERS.values():  # every lever is a flag: --request-rate 2, --paged false
         kind = parse_bool if lever.kind is bool else lever.kind
         parser.add_argument("--" + lever.key.replace("_", "-"), type=kind, default=None, help=lever.label)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     levers = {key: getattr(args, key) for key in LEVERS if getattr(args, key) is not None}
+    token = os.environ.get("SERVELAB_INSTRUCTOR_TOKEN") or None
+    if args.backend == "remote":
+        return main_remote(args, levers, token)
     from engine.serving.server import serve_app
 
     lab = build_lab(levers, {"dtype": args.dtype}, args.drain_timeout_s)
-    token = os.environ.get("SERVELAB_INSTRUCTOR_TOKEN") or None
     logging.getLogger("servelab.app").info(
         "levers: %s", "instructor only (SERVELAB_INSTRUCTOR_TOKEN)" if token else "anyone connected may move them"
     )
     # The lab's clients reach the server as any user does, over HTTP (through the lab's proxy):
     # told its URL once the port is bound.
     return serve_app(lab.fleet, create_app(lab, token), args.host, args.port, on_stop=lab.stop, on_bound=lab.connect)
+
+
+def main_remote(args: argparse.Namespace, levers: dict, token: str | None) -> int:
+    """--backend remote: bad flags exit 2 with one line; then the lab serves over the remote."""
+    from engine.serving.remote_server import serve_remote
+
+    try:
+        config = RemoteConfig.from_args(args.base_url, args.metrics_url, args.api_key)
+        owned = [key for key in levers if key not in REMOTE_LEVERS]
+        if owned:
+            flag = "--" + owned[0].replace("_", "-")
+            raise ValueError(f"{flag} belongs to the remote server: set it where the remote starts, not here")
+        lab = build_remote_lab(config, levers)
+    except (ValueError, InvalidParamError) as err:
+        print(f"python app.py: error: {err}", file=sys.stderr)
+        return 2
+    return serve_remote(lab, create_app(lab, token), args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ class ServingError(Exception):
         403: "permission_error",
         404: "not_found_error",
         429: "rate_limit_error",
+        502: "server_error",  # a remote backend that cannot be reached (issue 17)
         503: "service_unavailable_error",
     }
 

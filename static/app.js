@@ -118,7 +118,8 @@
     }
     $("#status-text").textContent = lab.status;
     const what = $("#engine-badge .muted");
-    if (what) what.textContent = "· " + lab.model + " · " + lab.device + " · " + lab.dtype;
+    // A remote backend names itself ("remote: vLLM at http://..., model X"); static/remote.js does the rest.
+    if (what) what.textContent = lab.backend ? "· " + lab.backend : "· " + lab.model + " · " + lab.device + " · " + lab.dtype;
     $("#status-dot").className = "dot " + lab.status;
     if ($("#live-status")) {
       $("#live-status").textContent = lab.status;

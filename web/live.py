@@ -26,7 +26,7 @@ from flask import request
 from flask_socketio import SocketIO
 
 from engine.errors import InvalidParamError, ServingError
-from engine.serving.lab import LiveLab
+from engine.serving.lab_facade import LabFacade
 from web.evolution import EVOLUTION
 from web.lessons import LessonLibrary
 
@@ -37,7 +37,7 @@ EVENTS_PER_TICK = 60  # more than this in one tick are summarised, so a flood ca
 
 
 class LiveChannel:
-    def __init__(self, socketio: SocketIO, lab: LiveLab, lessons: LessonLibrary, token: str | None) -> None:
+    def __init__(self, socketio: SocketIO, lab: LabFacade, lessons: LessonLibrary, token: str | None) -> None:
         self.socketio = socketio
         self.lab = lab
         self.lessons = lessons

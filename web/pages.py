@@ -9,7 +9,7 @@ from flask import Blueprint, Response, abort, current_app, render_template, send
 
 from engine.errors import ServingError
 from engine.levers import LEVERS
-from engine.serving.lab import LiveLab
+from engine.serving.lab_facade import LabFacade
 from engine.serving.shape import TRADEOFFS
 from web.diagram import diagram
 from web.evolution import EVOLUTION
@@ -28,7 +28,7 @@ MODE_KEYS = ("executor", "device", "sim_speed")  # the mode bar's, on every page
 pages = Blueprint("pages", __name__)
 
 
-def lab() -> LiveLab:
+def lab() -> LabFacade:
     return current_app.extensions["servelab_lab"]
 
 

@@ -20,6 +20,7 @@ KINDS = (
     "config",
     "flood",
     "scale",
+    "remote",  # a remote backend's errors and its comings and goings (issue 17)
 )
 
 

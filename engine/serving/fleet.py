@@ -303,7 +303,22 @@ class Fleet(Provisioning):
         text = self.bus.prometheus_text(
             self.model_name, len(self.router.queue), self.router.rejected, self.replica_states()
         )
-        return text + "\n".join(self.scale_metrics_lines()) + "\n"
+        return text + "\n".join(self.scale_metrics_lines() + self.cache_info_lines()) + "\n"
+
+    def cache_info_lines(self) -> list[str]:
+        """vLLM's info gauge of the KV cache's shape, one series per replica (vLLM's engine):
+        a dashboard, or a ServeLab lab pointed at this server (issue 17), reads the block size
+        and block count from it."""
+        config = self.engine_config
+        lines = ["# TYPE vllm:cache_config_info gauge"]
+        for replica_id, stats in sorted(dict(self.bus.replica_stats).items()):
+            labels = (
+                f'block_size="{config.block_size}",cache_dtype="{config.dtype}",'
+                f'enable_prefix_caching="{config.prefix_caching}",engine="{replica_id}",'
+                f'num_gpu_blocks="{stats.get("kv_total_blocks", 0)}"'
+            )
+            lines.append(f"vllm:cache_config_info{{{labels}}} 1")
+        return lines
 
     def snapshot(self) -> dict:
         snap = self.bus.snapshot(len(self.router.queue), self.router.rejected, self.replica_states())

@@ -35,6 +35,9 @@ from engine.serving.proxy import IDLE_TIMEOUT_CODE
 
 ATTEMPT_LOG = 20_000  # recent attempts kept (the arrivals chart and the tests read them)
 STREAM_ENDED_EARLY = "the stream ended before data: [DONE]"  # HttpTarget._read_stream's words
+# on_refusal(status, Retry-After header, body): a server's answer other than 200, or (status None)
+# a connection that failed; the remote backend puts them in the event timeline (issue 17).
+RefusalHook = Callable[[int | None, str | None, str], None]
 
 
 @dataclass(frozen=True)
@@ -127,12 +130,14 @@ class LabHttpClient:
         counts: ClientCounts,
         api_key: str | None = None,
         rng: random.Random | None = None,
+        on_refusal: RefusalHook | None = None,
     ) -> None:
         self.http = HttpTarget(base_url, model, api_key)
         self.base_url = base_url
         self.policy = policy
         self.counts = counts
         self.rng = rng or random.Random()
+        self.on_refusal = on_refusal  # told of every non-200 answer and failed connection, as it came
         self._rng_lock = threading.Lock()
 
     def send(self, request: LoadRequest, record: RequestRecord, stop: threading.Event) -> None:
@@ -184,6 +189,8 @@ class LabHttpClient:
                 self.http._read_stream(resp, record)
             else:
                 text = resp.read(2000).decode("utf-8", "replace")
+                if self.on_refusal is not None:
+                    self.on_refusal(resp.status, resp.getheader("Retry-After"), text)
                 if resp.status == 429:
                     outcome, retry_after = "refused", _retry_after(resp.getheader("Retry-After"))
                     if record.attempts > policy.retries:  # no retry left: the request ends refused
@@ -195,6 +202,8 @@ class LabHttpClient:
         except (OSError, http.client.HTTPException, ValueError) as exc:
             if not hangup.why:
                 record.fail(f"{type(exc).__name__}: {exc}")
+                if self.on_refusal is not None:
+                    self.on_refusal(None, None, f"{type(exc).__name__}: {exc}")
         finally:
             hangup.done()
             conn.close()

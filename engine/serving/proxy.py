@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +34,7 @@ READ_BYTES = 65536
 # Hop-by-hop headers (RFC 9110 7.6.1) are the proxy's own business: never forwarded.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "host"}
 IDLE_TIMEOUT_CODE = "proxy_idle_timeout"
+ORPHAN_IDLE_S = 60.0  # an orphaned response silent this long is given up
 VIA = "servelab-lab-proxy"  # the Via header it adds (RFC 9110 7.6.3): the server's log skips the lab's own traffic
 
 
@@ -40,6 +42,10 @@ VIA = "servelab-lab-proxy"  # the Via header it adds (RFC 9110 7.6.3): the serve
 class ProxySettings:
     stream_flush: bool = True
     idle_timeout_s: float = 0.0  # 0: none
+    # False: a client that hangs up is not passed on; the proxy reads the upstream's response to
+    # its end, so the server generates every token for nobody (cancel_on_disconnect off against
+    # a remote server, issue 17, whose own cancellation the lab cannot switch off).
+    relay_hangup: bool = True
 
 
 @dataclass
@@ -49,6 +55,7 @@ class ProxyCounts:
     forwarded: int = 0
     cut_idle: int = 0  # streams cut at the idle timeout
     client_hung_up: int = 0  # relays ended because the client went away first
+    orphan_chunks: int = 0  # SSE data chunks read for a client already gone (relay_hangup off)
 
 
 class LabProxy:
@@ -56,9 +63,11 @@ class LabProxy:
 
     def __init__(self, upstream: str, settings: Callable[[], ProxySettings], host: str = "127.0.0.1") -> None:
         url = urlsplit(upstream)
-        if url.scheme != "http" or not url.hostname:
-            raise ValueError(f"the proxy forwards to http://host[:port], got {upstream!r}")
-        self.upstream_host, self.upstream_port = url.hostname, url.port or 80
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"the proxy forwards to http(s)://host[:port], got {upstream!r}")
+        # https: a remote server behind TLS (issue 17), verified as any client verifies it.
+        self.upstream_tls = ssl.create_default_context() if url.scheme == "https" else None
+        self.upstream_host, self.upstream_port = url.hostname, url.port or (443 if self.upstream_tls else 80)
         self.upstream_path = url.path.rstrip("/")
         self.settings = settings
         self.counts = ProxyCounts()
@@ -89,8 +98,12 @@ class LabProxy:
         """A fresh connection per request ("Connection: close"), the request written whole: the
         response then ends when the upstream closes, so the relay needs no HTTP parsing."""
         sock = socket.create_connection((self.upstream_host, self.upstream_port), timeout=10.0)
+        if self.upstream_tls is not None:  # the handshake, blocking, before the relay reads it
+            sock = self.upstream_tls.wrap_socket(sock, server_hostname=self.upstream_host)
         lines = [f"{method} {self.upstream_path}{path} HTTP/1.1", f"Host: {self.upstream_host}:{self.upstream_port}"]
-        lines += [f"{name}: {value}" for name, value in headers if name.lower() not in HOP_BY_HOP]
+        # The proxy frames the body itself: a second Content-Length is a malformed request to a
+        # strict server (uvicorn's h11, vLLM's and SGLang's front, answers 400).
+        lines += [f"{name}: {value}" for name, value in headers if name.lower() not in (*HOP_BY_HOP, "content-length")]
         lines += ["Connection: close", f"Content-Length: {len(body)}", f"Via: 1.1 {VIA}"]
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
         sock.setblocking(False)
@@ -149,6 +162,9 @@ class _RelayHandler(BaseHTTPRequestHandler):
             if self.connection in readable:
                 if _client_left(self.connection):
                     self.proxy.count("client_hung_up")
+                    if not settings.relay_hangup:
+                        self._read_to_end(upstream)
+                        return
                     upstream.shutdown(socket.SHUT_RDWR)
                     return
                 watch_client = False  # bytes after the request (a pipelined one): not ours to read
@@ -172,6 +188,20 @@ class _RelayHandler(BaseHTTPRequestHandler):
                     self._error(504, f"no bytes from the server for {timeout:g} s (the proxy's idle timeout)",
                                 IDLE_TIMEOUT_CODE)
                 return  # mid-stream: the connection just closes, as nginx's does
+
+    def _read_to_end(self, upstream: socket.socket) -> None:
+        """The client left and the server is not told: read the rest of its response for
+        nobody, counting the data chunks made for a client already gone."""
+        last_byte = time.monotonic()
+        while time.monotonic() - last_byte < ORPHAN_IDLE_S:
+            readable, _, _ = select.select([upstream], [], [], POLL_S)
+            data = _recv(upstream) if readable else None
+            if data == b"":
+                return
+            if data:
+                last_byte = time.monotonic()
+                for _ in range(data.count(b"data: {")):
+                    self.proxy.count("orphan_chunks")
 
     def _send(self, data: bytes) -> bool:
         try:
@@ -197,8 +227,11 @@ class _RelayHandler(BaseHTTPRequestHandler):
 def _recv(sock: socket.socket) -> bytes | None:
     """What the upstream sent; b"" at its end (or a reset); None when select woke for nothing."""
     try:
-        return sock.recv(READ_BYTES)
-    except BlockingIOError:
+        data = sock.recv(READ_BYTES)
+        while isinstance(sock, ssl.SSLSocket) and data and sock.pending():  # decrypted, not in select's sight
+            data += sock.recv(sock.pending())
+        return data
+    except (BlockingIOError, ssl.SSLWantReadError):
         return None
     except OSError:
         return b""

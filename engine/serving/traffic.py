@@ -24,7 +24,7 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.serving.client_stats import ClientLatency
-from engine.serving.lab_clients import Attempt, ClientCounts, ClientPolicy, LabHttpClient
+from engine.serving.lab_clients import Attempt, ClientCounts, ClientPolicy, LabHttpClient, RefusalHook
 from engine.serving.loadgen import VOCAB, LoadRequest, RouterTarget, Target, draw_length, now
 from engine.serving.loadgen_metrics import RequestRecord
 from engine.serving.proxy import LabProxy, ProxySettings
@@ -58,13 +58,14 @@ class TrafficDriver:
 
     def __init__(
         self,
-        router: Router,
+        router: Router | None,
         levers: Callable[[], dict[str, Any]],
         api_key: str | None = None,
         clock: Clock = WALL_CLOCK,
         seed: int = 0,
     ) -> None:
-        self._target: Target = RouterTarget(router, api_key)
+        # No router: a remote backend's lab (issue 17), which connect()s before it sends.
+        self._target: Target | None = None if router is None else RouterTarget(router, api_key)
         self._api_key = api_key
         self.proxy: LabProxy | None = None
         self._levers = levers
@@ -89,13 +90,22 @@ class TrafficDriver:
         """Where requests go: the proxy's URL (in front of the server), or None in process."""
         return None if self.proxy is None else self.proxy.base_url
 
-    def connect(self, server_url: str, model: str) -> None:
+    def connect(
+        self,
+        server_url: str,
+        model: str,
+        on_refusal: RefusalHook | None = None,
+        settings: Callable[[], ProxySettings] | None = None,
+    ) -> None:
         """From now on send over HTTP, through the lab's proxy, to the server at server_url
-        (a base URL: the app's own server, or issue 17's remote one)."""
+        (a base URL: the app's own server, or issue 17's remote one); on_refusal hears every
+        answer other than 200 (lab_clients.RefusalHook); settings replaces the proxy's
+        settings from the levers (a remote lab adds relay_hangup)."""
         self.close()
-        self.proxy = LabProxy(server_url, self.proxy_settings).start()
+        self.proxy = LabProxy(server_url, settings or self.proxy_settings).start()
         self._target = LabHttpClient(
-            self.proxy.base_url, model, self.client_policy, self.counts, self._api_key, random.Random(self.rng.random())
+            self.proxy.base_url, model, self.client_policy, self.counts, self._api_key,
+            random.Random(self.rng.random()), on_refusal,
         )
 
     def client_policy(self) -> ClientPolicy:
@@ -193,6 +203,11 @@ class TrafficDriver:
         record = record or RequestRecord(0, request.request_id, len(request.prompt_token_ids), request.max_tokens)
         self.clients.track(record)
         target = self._target
+        if target is None:  # nothing to send to yet
+            record.fail("the lab's traffic has no server to send to")
+            self.counts.record(Attempt(now(), 1, "failed", now()))
+            self._in_flight.release()
+            return
         try:
             # Flood requests are never cut when the flood stops: the stop event stays clear.
             target.send(request, record, threading.Event())

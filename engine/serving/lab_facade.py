@@ -1,0 +1,47 @@
+"""What the web layer needs of a lab: the one face the live stream (web/live.py) and the pages
+(web/pages.py) depend on. Two labs have it: LiveLab (engine/serving/lab.py: ServeLab's own
+engine, or its simulated fleet) and RemoteLab (engine/serving/remote_lab.py: an existing vLLM,
+SGLang or ServeLab server driven and watched from outside). The web layer never asks which."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from engine.serving.events import EventLog
+
+
+class LabFacade(Protocol):
+    levers: dict[str, Any]  # the lab's current lever values (the pages' inputs)
+
+    @property
+    def events(self) -> EventLog:
+        """The event log the timeline reads with a cursor."""
+        ...
+
+    @property
+    def executor(self) -> str:
+        """ "live", "sim" or "remote": what the stream's snapshots come from."""
+        ...
+
+    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+        """callback(snapshot), several times a second, for the live stream."""
+        ...
+
+    def set_levers(self, changes: dict[str, Any], source: str = "lab") -> dict[str, Any]:
+        """Validate and apply; InvalidParamError / ServingError naming the lever otherwise."""
+        ...
+
+    def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> dict[str, Any]:
+        """The lab's traffic: start, ramp or stop."""
+        ...
+
+    def live_state(self) -> dict[str, Any]:
+        """What the pages show of the lab (status, model, levers, traffic, ...)."""
+        ...
+
+    def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """A metrics snapshot plus the lab's view of it, as the stream sends it."""
+        ...
+
+    def stop(self) -> None: ...

@@ -1,0 +1,68 @@
+"""The remote lab's driver (issue 17): the one thread, and the only wall clock, behind a
+RemoteLab. SNAPSHOT_HZ times a second it probes /v1/models if that is due (on its own thread:
+a remote that does not answer never holds the stream up), scrapes /metrics, sums up the errors
+and publishes the snapshot."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.serving.remote_lab import RemoteLab
+
+log = logging.getLogger("servelab.remote")
+
+SNAPSHOT_HZ = 6  # the live fleet's rate: the stream's contract is at least 5 a second
+PROBE_EVERY_S = 2.0  # while the remote is down or not OpenAI-compatible
+
+
+class RemotePoller:
+    """The remote lab's driver: the one thread, and the only wall clock, behind it."""
+
+    def __init__(self, lab: RemoteLab, hz: float = SNAPSHOT_HZ) -> None:
+        self.lab = lab
+        self.period_s = 1.0 / hz
+        self._stop = threading.Event()
+        self._probing = threading.Event()  # a probe on its own thread is still out
+        self._thread = threading.Thread(target=self._run, name="remote-poller", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def tick(self, wait_for_probe: bool = True) -> None:
+        """One round: probe /v1/models if due (on its own thread when not waited for: a remote
+        that does not answer must not hold the stream up), scrape, summarise errors, publish."""
+        lab = self.lab
+        now = lab.clock.now()
+        if (not lab.info.reachable or lab.problems["api"] or not lab.info.model) and now >= lab.next_probe:
+            lab.next_probe = now + PROBE_EVERY_S
+            if wait_for_probe:
+                lab.probe_now()
+            elif not self._probing.is_set():
+                self._probing.set()
+                threading.Thread(target=self._probe, name="remote-probe", daemon=True).start()
+        if lab.info.reachable:
+            lab.scrape()
+        lab.errors.flush()
+        lab.publish()
+
+    def _probe(self) -> None:
+        try:
+            self.lab.probe_now()
+        finally:
+            self._probing.clear()
+
+    def _run(self) -> None:
+        next_tick = self.lab.clock.now()
+        while not self._stop.is_set():
+            next_tick = max(next_tick + self.period_s, self.lab.clock.now())  # late: no catching up
+            try:
+                self.tick(wait_for_probe=False)
+            except Exception:  # a bug in one tick must not end the page's stream
+                log.exception("remote poller tick")
+            self._stop.wait(max(0.0, next_tick - self.lab.clock.now()))

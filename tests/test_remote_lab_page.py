@@ -1,0 +1,139 @@
+"""The lab in remote mode in a real browser (issue 17): ServeLab's own `python -m engine serve` is
+the remote (it speaks vLLM's metric names), with a small queue so a flood fills it and 429s
+come back, and `python app.py --backend remote --base-url ...` is the lab, both real server
+processes. The page names the remote, every chart on /lab fills from the remote's /metrics and
+the lab's clients, a flood fills the remote's queue (vllm:num_requests_waiting through the lab's
+snapshot), the remote's 429s reach the timeline, the prompt box streams through the app's
+pass-through, a lever the remote owns is read-only and refused by name, and stopping the remote
+mid-run is reported on the page without breaking it; bringing it back reconnects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from tests import server_process
+from tests.server_process import ROOT, ServerProcess
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = ROOT / "tests" / "artifacts"
+MODEL = "SmolLM2-135M-Instruct"
+# A remote small enough to fill: 4 batch slots, 4 places in its queue, a short drain when stopped.
+REMOTE_FLAGS = ("--queue-cap", "4", "--max-num-seqs", "4", "--kv-budget-mb", "64", "--drain-timeout-s", "2")
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+
+EVERY_CHART_FILLED = """() => {
+  const charts = Array.from(document.querySelectorAll('.chart'));
+  return charts.length > 0 && charts.every((el) => (el.data || []).some((t) => t.y.some((v) => v !== null)));
+}"""
+EMPTY_CHARTS = """() => Array.from(document.querySelectorAll('.chart'))
+  .filter((el) => !(el.data || []).some((t) => t.y.some((v) => v !== null))).map((el) => el.dataset.metric)"""
+
+
+@pytest.fixture(scope="module")
+def remote() -> Iterator[ServerProcess]:
+    proc = ServerProcess(*REMOTE_FLAGS)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def lab_server(remote: ServerProcess) -> Iterator[ServerProcess]:
+    proc = ServerProcess("--backend", "remote", "--base-url", remote.base_url, command=("app.py",))
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(60_000)  # a shared 2-core machine under load is slow to settle a page
+    page.page_errors = []  # type: ignore[attr-defined]
+    page.on("pageerror", lambda e: page.page_errors.append(str(e)))  # type: ignore[attr-defined]
+    yield page
+    context.close()
+
+
+def emit(page: Page, event: str, data: dict) -> dict:
+    return page.evaluate(
+        "([event, data]) => new Promise((done) => window.servelab.socket.emit(event, data, done))", [event, data]
+    )
+
+
+def timeline_has(page: Page, kind: str, words: str, timeout_s: float = 90) -> None:
+    page.wait_for_function(
+        "([kind, words]) => Array.from(document.querySelectorAll('#timeline li.ev-' + kind))"
+        ".some((li) => li.textContent.includes(words))",
+        arg=[kind, words],
+        timeout=timeout_s * 1000,
+    )
+
+
+def test_the_lab_drives_and_watches_a_remote_server(
+    remote: ServerProcess, lab_server: ServerProcess, page: Page, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page.goto(f"{lab_server.base_url}/lab")
+    page.wait_for_function("window.servelab && window.servelab.snapshots > 2")
+    expect(page.locator("#engine-badge")).to_contain_text(f"remote: ServeLab at {remote.base_url}, model {MODEL}")
+    expect(page.locator("#status-text")).to_have_text("serving")
+    page.evaluate("""() => { window.maxQueue = 0;
+      window.servelab.socket.on('metrics', (s) => { window.maxQueue = Math.max(window.maxQueue, s.queue_depth || 0); }); }""")
+
+    # The prompt box streams through the app's pass-through to the remote.
+    page.fill("#prompt-max", "8")
+    page.click("#prompt-send")
+    expect(page.locator("#prompt-timing")).to_contain_text("total", timeout=60_000)
+    assert page.inner_text("#prompt-output").strip()
+
+    # A lever the remote owns: read-only with the remote's value, and refused by name.
+    owned = page.locator('.lever[data-key="block_size"]')
+    expect(owned).to_contain_text("remote: 16 tokens, from vllm:cache_config_info")
+    assert page.locator('[name="max_num_seqs"]').is_disabled()
+    ack = emit(page, "set_levers", {"max_num_seqs": 8})
+    assert (
+        not ack["ok"] and ack["error"]["param"] == "max_num_seqs" and "belongs to the remote" in ack["error"]["message"]
+    )
+    ack = emit(page, "set_levers", {"request_rate": 8, "prompt_tokens": 64, "output_tokens": 16})
+    assert ack["ok"] and ack["changed"]["request_rate"] == 8
+
+    # The flood: the remote's queue fills, its 429s reach the timeline, every chart fills.
+    page.click("#flood-button")
+    page.wait_for_function("window.maxQueue > 0", timeout=60_000)
+    timeline_has(page, "remote", "429 Too Many Requests")
+    try:
+        page.wait_for_function(EVERY_CHART_FILLED, timeout=90_000)
+    except PlaywrightTimeout:
+        pytest.fail(f"charts left empty: {page.evaluate(EMPTY_CHARTS)}")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "remote-lab.png"))
+
+    # The remote stops mid-run: the page says so and keeps streaming.
+    port = remote.port
+    remote.stop()
+    expect(page.locator("#status-text")).to_have_text("unreachable", timeout=30_000)
+    expect(page.locator("#remote-banner")).to_contain_text("unreachable")
+    timeline_has(page, "remote", "remote API: unreachable")
+    timeline_has(page, "remote", "failed connections from the remote")  # the flood's, summed up
+    before = page.evaluate("window.servelab.snapshots")
+    page.wait_for_function(f"window.servelab.snapshots > {before + 5}")
+    assert page.evaluate("window.servelab.lab.traffic.running")  # the lab's flood runs on, refused
+    assert emit(page, "flood", {"action": "stop"})["ok"]
+
+    # It comes back on the same port: the lab reconnects.
+    monkeypatch.setattr(server_process, "free_port", lambda: port)
+    back = ServerProcess(*REMOTE_FLAGS)
+    try:
+        try:
+            expect(page.locator("#status-text")).to_have_text("serving", timeout=90_000)
+        except AssertionError:
+            pytest.fail(f"not reconnected: {lab_server.request('GET', '/ready')[1].decode()}")
+        timeline_has(page, "remote", "remote API back")
+    finally:
+        back.stop()
+    assert page.page_errors == []  # type: ignore[attr-defined]
