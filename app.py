@@ -20,8 +20,9 @@ from engine.errors import InvalidParamError
 from engine.levers import LEVERS, parse_bool, validate_levers
 from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.lab import LiveLab, engine_fields, replica_bounds
+from engine.serving.lab import LiveLab, engine_fields
 from engine.serving.lab_facade import LabFacade
+from engine.serving.live_limits import replica_bounds
 from engine.serving.remote_backend import RemoteConfig
 from engine.serving.remote_lab import RemoteLab
 from engine.serving.remote_levers import REMOTE_LEVERS

@@ -11,7 +11,7 @@ import pytest
 
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS, validate_levers
-from engine.serving.lab import check_live
+from engine.serving.live_limits import check_live
 from web.evolution import EVOLUTION
 from web.failures import check_table, failures_for_step
 from web.lessons import LESSONS_DIR, LessonLibrary, main, parse_lesson

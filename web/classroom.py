@@ -203,15 +203,13 @@ class ClassRegistry:
 
     def on_leave(self, sid: str) -> None:
         """A page closed or lost its connection: a student leaves the list and their requests
-        still in the engine are cancelled (found by their `user` in the fleet's request traces)."""
+        still in the engine are cancelled (the lab finds them by their `user`)."""
         with self.lock:
             cls = self.current
             student = cls.leave(sid) if cls else None
         if student is None:
             return
-        fleet = self.live.lab.fleet
-        for request_id in fleet.traces.in_flight(student.id):
-            fleet.router.abort(request_id)
+        self.live.lab.cancel_user(student.id)
         self.broadcast()
 
     def _room_sids(self, cls: Classroom) -> list[str]:

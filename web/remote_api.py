@@ -14,7 +14,7 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flask import Blueprint, Flask, Response, current_app, request
@@ -23,6 +23,7 @@ from werkzeug.exceptions import HTTPException
 from engine.errors import ServingError
 from engine.serving.remote_backend import auth_headers, connection
 from engine.serving.remote_lab import RemoteLab
+from engine.serving.user_streams import user_of
 from web.openai_api import MAX_BODY_BYTES, error_response
 
 log = logging.getLogger("servelab.api")
@@ -119,6 +120,7 @@ def _pass(method: str, path: str, body: bytes) -> Response:
     headers = {"Content-Type": request.headers.get("Content-Type", "application/json"), "Accept": "*/*"}
     try:
         conn.request(method, target, body=body or None, headers=headers | auth_headers(remote.config.api_key))
+        sock = conn.sock  # before the response: http.client may hand it to the response
         resp = conn.getresponse()
     except (OSError, http.client.HTTPException) as err:
         conn.close()
@@ -136,13 +138,19 @@ def _pass(method: str, path: str, body: bytes) -> Response:
         return Response(data, status=resp.status, headers=passed)
     if "text/event-stream" in (resp.getheader("Content-Type") or ""):
         passed["X-Accel-Buffering"] = "no"
-        return Response(_relay(conn, resp), status=resp.status, headers=passed, direct_passthrough=True)
+        user = user_of(body)
+        if user is not None and sock is not None:  # a class's student: cut when they leave (cancel_user)
+            remote.user_streams.add(user, sock)
+        relay = _relay(conn, resp, lambda: user is not None and remote.user_streams.discard(user, sock))
+        return Response(relay, status=resp.status, headers=passed, direct_passthrough=True)
     data = resp.read()
     conn.close()
     return Response(data, status=resp.status, headers=passed)
 
 
-def _relay(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> Iterator[bytes]:
+def _relay(
+    conn: http.client.HTTPConnection, resp: http.client.HTTPResponse, on_end: Callable[[], object]
+) -> Iterator[bytes]:
     """The remote's stream as it comes (read1: whatever has arrived, chunked encoding undone); a
     browser that leaves closes the generator, and with it the remote's connection: the remote
     sees the hang-up and cancels, as a client of its own would make it."""
@@ -164,4 +172,5 @@ def _relay(conn: http.client.HTTPConnection, resp: http.client.HTTPResponse) -> 
         }
         yield f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode()
     finally:
+        on_end()
         conn.close()

@@ -22,7 +22,6 @@ device, GPUs, TP, dtypes, pools, paged, block size) replaces it, starting at sim
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +36,7 @@ from engine.serving.envelope import MB, bottlenecks, envelope
 from engine.serving.events import EventLog
 from engine.serving.fleet import Fleet
 from engine.serving.lab_clients import simulated_client_fields
+from engine.serving.live_limits import FLOOD_MAX_RATE, check_live, live_devices, replica_bounds
 from engine.serving.replica_api import SERVING
 from engine.serving.shape import shape_for
 from engine.serving.traces import RequestTraces
@@ -46,7 +46,6 @@ from engine.sim.lab_sim import SimLab
 
 log = logging.getLogger("servelab.lab")
 
-LIVE_MODEL = "smollm2-135m"
 ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
 DEFENCES = Defences.names()  # the serving layer's guards: fleet.defences takes them in place
 ENGINE_IN_PLACE = tuple(key for key in LEVERS if key in IN_PLACE_FIELDS)
@@ -55,35 +54,11 @@ SIM_ONLY = tuple(key for key, lever in LEVERS.items() if lever.apply == "sim")  
 # Levers that are EngineConfig fields too; `model` and `device` are not: the levers name a
 # simulator's model and GPU, the fields a path and a torch device.
 ENGINE_LEVERS = tuple(key for key in LEVERS if key in EngineConfig.field_names() and key not in ("model", "device"))
-FLOOD_MAX_RATE = 200.0
-# What the live engine on this machine takes, where the lever's own range (the simulated fleet's)
-# reaches further: a live flood past these would only measure a machine on its knees.
-LIVE_MAX = {
-    "request_rate": FLOOD_MAX_RATE, "prompt_tokens": 4000, "output_tokens": 2000, "max_num_seqs": 256,
-    "max_batched_tokens": 16384, "queue_cap": 10000, "min_replicas": 64, "max_replicas": 64, "warm_pool": 16,
-    "provision_delay_s": 600,
-}
 
 
 def engine_fields(levers: dict[str, Any]) -> dict[str, Any]:
     """The EngineConfig fields these lever values set."""
     return {key: levers[key] for key in ENGINE_LEVERS}
-
-
-def replica_bounds(levers: dict[str, Any]) -> tuple[int, int]:
-    """(fewest, most) serving replicas: the autoscaler's bounds, the most held to the device
-    budget (gpu_count // tensor_parallel), and never below one."""
-    most = max(1, min(int(levers["max_replicas"]), int(levers["gpu_count"]) // int(levers["tensor_parallel"])))
-    return max(1, min(int(levers["min_replicas"]), most)), most
-
-
-def live_devices(device: str) -> int:
-    """What `gpu_count` may reach live: CUDA devices on a GPU machine, else this process's cores."""
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.device_count()
-    return len(os.sched_getaffinity(0))
 
 
 class LiveLab:
@@ -390,43 +365,16 @@ class LiveLab:
         if self.traffic.counts.prometheus_lines not in self.fleet.bus.text_sources:
             self.fleet.bus.text_sources.append(self.traffic.counts.prometheus_lines)
 
+    def cancel_user(self, user: str) -> int:
+        """The live fleet's requests of this user not yet ended (its request traces), aborted."""
+        request_ids = self.fleet.traces.in_flight(user)
+        for request_id in request_ids:
+            self.fleet.router.abort(request_id)
+        return len(request_ids)
+
     def stop(self) -> None:
         self.traffic.stop()
         self.traffic.close()
         self.autoscaler.stop()
         if self.sim is not None:
             self.sim.stop()
-
-
-def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, device: str = "cpu") -> None:
-    """What this machine can run live, beyond each lever's own range: InvalidParamError otherwise."""
-    for key, most in LIVE_MAX.items():
-        if key in clean and clean[key] > most:
-            raise InvalidParamError(
-                key, f"the live engine on this machine takes at most {most:g}; the simulated executor goes further"
-            )
-    if "model" in clean and clean["model"] != LIVE_MODEL:
-        raise InvalidParamError(
-            "model",
-            f"{clean['model']} cannot run live here: only {LIVE_MODEL} fits this machine, so the live "
-            f"engine stays on {LIVE_MODEL} (choose the simulated executor to run it)",
-        )
-    tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
-    what = "CUDA GPUs" if device.startswith("cuda") else "CPU cores"
-    if count > devices:
-        raise InvalidParamError(
-            "gpu_count",
-            f"this machine has {devices} {what}, so the live engine runs at most {devices} devices; "
-            f"{count} is beyond what is present",
-        )
-    if tp > devices:
-        raise InvalidParamError(
-            "tensor_parallel", f"a shard group of {tp} needs {tp} devices; this machine has {devices} {what}"
-        )
-    if count % tp:
-        raise InvalidParamError("gpu_count", f"must be a multiple of tensor_parallel ({tp})")
-    if int(merged["min_replicas"]) * tp > count:
-        raise InvalidParamError(
-            "min_replicas",
-            f"{merged['min_replicas']} replica(s) of {tp} device(s) need more than gpu_count ({count}) devices",
-        )

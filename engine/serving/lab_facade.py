@@ -40,6 +40,11 @@ class LabFacade(Protocol):
         """What the pages show of the lab (status, model, levers, traffic, ...)."""
         ...
 
+    def cancel_user(self, user: str) -> int:
+        """Cancel every request of this OpenAI `user` still in flight (a student who left a class);
+        how many were cancelled."""
+        ...
+
     def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
         """A metrics snapshot plus the lab's view of it, as the stream sends it."""
         ...

@@ -39,6 +39,7 @@ from engine.serving.remote_levers import REMOTE_LEVERS, belongs_to_remote, reado
 from engine.serving.remote_metrics import RemoteReading, RemoteWindow, empty_snapshot, read_exposition
 from engine.serving.remote_poller import PROBE_EVERY_S, RemotePoller
 from engine.serving.traffic import TrafficDriver
+from engine.serving.user_streams import UserStreams
 
 log = logging.getLogger("servelab.remote")
 
@@ -71,6 +72,7 @@ class RemoteLab:
         self.traffic = TrafficDriver(None, lambda: self.levers, api_key=config.api_key)
         self._connected_model: str | None = None
         self.poller = RemotePoller(self)
+        self.user_streams = UserStreams()  # the app's pass-through streams, by their `user`
 
     @property
     def executor(self) -> str:
@@ -347,6 +349,10 @@ class RemoteLab:
             "autoscaler": None,
             "lab": lab,
         }
+
+    def cancel_user(self, user: str) -> int:
+        """This user's streams through the app's pass-through, cut: the remote cancels them."""
+        return self.user_streams.cancel(user)
 
     def stop(self) -> None:
         self.poller.stop()

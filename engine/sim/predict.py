@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import InvalidParamError
-from engine.serving.lab import replica_bounds
+from engine.serving.live_limits import replica_bounds
 from engine.serving.metrics import WINDOW_S
 from engine.sim.compare import command_for
 from engine.sim.deployment import SimConfigError

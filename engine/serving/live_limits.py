@@ -1,0 +1,70 @@
+"""What the live engine on this machine can run, beyond each lever's own range (which is the
+simulated fleet's): the one model that fits, the devices present, the replicas a device budget
+allows, and the most a live flood and its lengths may ask."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from engine.errors import InvalidParamError
+
+LIVE_MODEL = "smollm2-135m"
+FLOOD_MAX_RATE = 200.0
+# What the live engine on this machine takes, where the lever's own range (the simulated fleet's)
+# reaches further: a live flood past these would only measure a machine on its knees.
+LIVE_MAX = {
+    "request_rate": FLOOD_MAX_RATE, "prompt_tokens": 4000, "output_tokens": 2000, "max_num_seqs": 256,
+    "max_batched_tokens": 16384, "queue_cap": 10000, "min_replicas": 64, "max_replicas": 64, "warm_pool": 16,
+    "provision_delay_s": 600,
+}
+
+
+def replica_bounds(levers: dict[str, Any]) -> tuple[int, int]:
+    """(fewest, most) serving replicas: the autoscaler's bounds, the most held to the device
+    budget (gpu_count // tensor_parallel), and never below one."""
+    most = max(1, min(int(levers["max_replicas"]), int(levers["gpu_count"]) // int(levers["tensor_parallel"])))
+    return max(1, min(int(levers["min_replicas"]), most)), most
+
+
+def live_devices(device: str) -> int:
+    """What `gpu_count` may reach live: CUDA devices on a GPU machine, else this process's cores."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.device_count()
+    return len(os.sched_getaffinity(0))
+
+
+def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, device: str = "cpu") -> None:
+    """What this machine can run live, beyond each lever's own range: InvalidParamError otherwise."""
+    for key, most in LIVE_MAX.items():
+        if key in clean and clean[key] > most:
+            raise InvalidParamError(
+                key, f"the live engine on this machine takes at most {most:g}; the simulated executor goes further"
+            )
+    if "model" in clean and clean["model"] != LIVE_MODEL:
+        raise InvalidParamError(
+            "model",
+            f"{clean['model']} cannot run live here: only {LIVE_MODEL} fits this machine, so the live "
+            f"engine stays on {LIVE_MODEL} (choose the simulated executor to run it)",
+        )
+    tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
+    what = "CUDA GPUs" if device.startswith("cuda") else "CPU cores"
+    if count > devices:
+        raise InvalidParamError(
+            "gpu_count",
+            f"this machine has {devices} {what}, so the live engine runs at most {devices} devices; "
+            f"{count} is beyond what is present",
+        )
+    if tp > devices:
+        raise InvalidParamError(
+            "tensor_parallel", f"a shard group of {tp} needs {tp} devices; this machine has {devices} {what}"
+        )
+    if count % tp:
+        raise InvalidParamError("gpu_count", f"must be a multiple of tensor_parallel ({tp})")
+    if int(merged["min_replicas"]) * tp > count:
+        raise InvalidParamError(
+            "min_replicas",
+            f"{merged['min_replicas']} replica(s) of {tp} device(s) need more than gpu_count ({count}) devices",
+        )
