@@ -67,19 +67,33 @@
         : { "xaxis.title.text": "", "margin.b": 28, "legend.y": -0.25 });
     }
   }
-  function plot(snap) {
-    if (snap.run !== run) {
-      if (run !== null) resetCharts(snap.executor === "sim");
-      else if (snap.executor === "sim") resetCharts(true);
-      run = snap.run;
-      t0 = null;
+  // Snapshots that arrived since the last draw, drawn together: one extendTraces per chart for
+  // all of them (a run's change in between resets the charts first).
+  function plot(snaps) {
+    let batch = [];
+    const flush = () => {
+      if (!batch.length) return;
+      for (const c of charts) {
+        const xs = c.spec.map(() => []), ys = c.spec.map(() => []);
+        for (const [t, snap] of batch) {
+          c.spec.forEach(([, f], i) => { const v = f(snap); xs[i].push(t); ys[i].push(v === null || v === undefined ? null : v); });
+        }
+        Plotly.extendTraces(c.el, { x: xs, y: ys }, c.spec.map((_, i) => i), WINDOW_POINTS);
+      }
+      batch = [];
+    };
+    for (const snap of snaps) {
+      if (snap.run !== run) {
+        flush();
+        if (run !== null) resetCharts(snap.executor === "sim");
+        else if (snap.executor === "sim") resetCharts(true);
+        run = snap.run;
+        t0 = null;
+      }
+      if (t0 === null) t0 = snap.time;
+      batch.push([+(snap.time - t0).toFixed(2), snap]);
     }
-    if (t0 === null) t0 = snap.time;
-    const t = +(snap.time - t0).toFixed(2);
-    for (const c of charts) {
-      const ys = c.spec.map(([, f]) => { const v = f(snap); return v === null || v === undefined ? null : v; });
-      Plotly.extendTraces(c.el, { x: ys.map(() => [t]), y: ys.map((v) => [v]) }, ys.map((_, i) => i), WINDOW_POINTS);
-    }
+    flush();
   }
 
   // ---- panels -----------------------------------------------------------------------------------
@@ -184,9 +198,17 @@
       applyLink();
     }
   });
-  socket.on("metrics", (snap) => {
-    window.servelab.snapshots += 1;
-    if (charts.length) plot(snap);
+  // Every snapshot is kept, but the charts and panels redraw at most every DRAW_EVERY_MS: drawing
+  // each of five or six a second cost a page a third of a core, a student's laptop's cost.
+  const DRAW_EVERY_MS = 400;
+  let undrawn = [], drawTimer = null, lastDraw = 0;
+  function draw() {
+    drawTimer = null;
+    lastDraw = performance.now();
+    const snaps = undrawn, snap = snaps[snaps.length - 1];
+    undrawn = [];
+    if (!snap) return;
+    if (charts.length) plot(snaps);
     showLab(snap.lab);
     showBottlenecks(snap.bottlenecks);
     showShape(snap.shape);
@@ -195,6 +217,11 @@
       $("#live-queue").textContent = snap.queue_depth;
       $("#live-tps").textContent = fmt(snap.tokens_per_s, 0);
     }
+  }
+  socket.on("metrics", (snap) => {
+    window.servelab.snapshots += 1;
+    undrawn.push(snap);
+    if (drawTimer === null) drawTimer = setTimeout(draw, Math.max(0, lastDraw + DRAW_EVERY_MS - performance.now()));
   });
   socket.on("connect_error", (err) => { $("#status-text").textContent = "disconnected: " + err.message; });
   socket.on("disconnect", () => { $("#status-text").textContent = "disconnected"; $("#status-dot").className = "dot failed"; });

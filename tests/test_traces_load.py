@@ -4,13 +4,12 @@ second and never fall more than 1 s behind, and the engine's own decode step tim
 StepRecords, read from the `trace` event) must stay close to what it is with one watcher.
 
 The watchers stand in for a class's machines: the server (its front process and its replica)
-runs on half of this machine's cores and the python clients on the other half, so what the
-engine pays for is what the server does for thirty watchers. The browser runs at the lowest CPU
-priority (nice 19) on any core: a page's own rendering (Plotly's charts, 0.3-0.5 of a core each
-at six snapshots a second here) is its machine's cost, not the server's, and three of them do
-not fit beside the engine on two cores. So the pages are held to receiving the stream (at least
-one snapshot a second, handled in order) and their delay is reported; the python clients, which
-do little per snapshot, are held to the contract: five a second, never 1 s behind.
+runs on half of this machine's cores and every watcher, the python clients and the browser alike,
+on the other half, so what the engine pays for is what the server does for thirty watchers. The
+browser also runs at the lowest CPU priority (nice 19) there: a page's drawing is its machine's
+cost, not the server's. Every watcher must get at least five snapshots a second; the python
+clients never fall 1 s behind, the pages (three at nice 19 on one core beside 27 clients) never
+PAGE_LAG_BOUND_S.
 
 "Behind" is the snapshot's `time` (the server's time.monotonic(), CLOCK_MONOTONIC, one clock for
 every process on this machine) against the python client's time.monotonic() when the snapshot
@@ -44,6 +43,9 @@ BASELINE_S = 10.0  # one watcher, before and after the thirty
 PY_CLIENTS = 27
 PAGES = 3
 STREAMS = 4  # closed-loop clients keep this many requests decoding
+# Three pages at nice 19 share one core with 27 python clients (measured: 0.74 s at worst): the
+# bound leaves room for that core's contention, the python clients are held to 1 s.
+PAGE_LAG_BOUND_S = 2.0
 RATIO_BOUND = 1.5  # CI's bound on the 30-watcher / 1-watcher decode step time (a shared machine)
 
 CORES = sorted(os.sched_getaffinity(0))
@@ -148,15 +150,18 @@ def low_priority_chromium(tmp_path: Path) -> str:
 def test_thirty_watchers_each_get_five_snapshots_a_second_and_the_decode_step_barely_moves(
     server: ServerProcess, low_priority_chromium: str
 ) -> None:
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=low_priority_chromium, args=["--no-sandbox"])
-        before = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, WATCHER_CORES)  # the client threads started from here inherit it
-        try:
-            measure(server, browser)
-        finally:
-            os.sched_setaffinity(0, before)
-            browser.close()
+    before = os.sched_getaffinity(0)
+    # Set before Playwright starts: its driver, the browser and the client threads inherit it.
+    os.sched_setaffinity(0, WATCHER_CORES)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=low_priority_chromium, args=["--no-sandbox"])
+            try:
+                measure(server, browser)
+            finally:
+                browser.close()
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def measure(server: ServerProcess, browser: Any) -> None:
@@ -239,8 +244,9 @@ def measure(server: ServerProcess, browser: Any) -> None:
     for i, (count, worst) in enumerate(counts):
         assert count >= 5 * (b1 - b0) * 0.98, f"client {i}: {count} snapshots in {b1 - b0:.0f} s"
         assert worst <= 1.0, f"client {i} fell {worst:.2f} s behind"
-    for i, count in enumerate(page_counts):
-        assert count >= (b1 - b0), f"page {i}: {count} snapshots handled in {b1 - b0:.0f} s"
+    for i, (count, worst) in enumerate(zip(page_counts, page_worst)):
+        assert count >= 5 * (b1 - b0) * 0.98, f"page {i}: {count} snapshots handled in {b1 - b0:.0f} s"
+        assert worst <= PAGE_LAG_BOUND_S, f"page {i} fell {worst:.2f} s behind its quickest snapshot"
     assert n_before >= 20 and n_loaded >= 50 and n_after >= 20, (n_before, n_loaded, n_after)
     assert ratio <= RATIO_BOUND, (
         f"the decode step with 30 watchers is {ratio:.2f}x its time with one "
