@@ -59,7 +59,7 @@ def test_warm_pool_promotes_at_once_and_cold_starts_wait_for_their_machine(fleet
     promoted = fleet.warm[0]
     assert "from the warm pool" in fleet.scale_up()
     assert fleet.replica_states() == {"ready": 2, "warming": 1}  # promoted; the pool refills behind it
-    assert promoted in fleet.router.replicas and promoted.on_message == fleet.bus.observe
+    assert promoted in fleet.router.replicas and promoted.on_message == fleet.observe_replica
 
     assert "cold start: 0.3 s to provision" in fleet.scale_up()
     assert fleet.replica_states() == {"ready": 2, "provisioning": 1, "warming": 1}

@@ -93,6 +93,8 @@ class LiveChannel:
         traces = self.lab.traces
         full = traces is not self._traces  # the executor switched: the new fleet's window, whole
         self._traces = traces
+        if traces is None:  # a remote lab: no engine of ours to trace
+            return
         body = traces.take_changes(whole=full)
         self.socketio.emit("trace", {"time": time, "run": run, "full": full, **body}, namespace=NAMESPACE)
 
@@ -106,8 +108,9 @@ class LiveChannel:
         self.roles[request.sid] = role  # type: ignore[attr-defined]
         self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state()}, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
         traces = self.lab.traces
-        trace = {"time": traces.clock.now(), "run": self.lab.run, "full": True, **traces.full()}
-        self.socketio.emit("trace", trace, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
+        if traces is not None:
+            trace = {"time": traces.clock.now(), "run": self.lab.run, "full": True, **traces.full()}
+            self.socketio.emit("trace", trace, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
 
     def _role(self, presented: str | None) -> str:
         class_token = self.class_token()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from flask import Blueprint, Response, abort, current_app, render_template, send_file
@@ -14,7 +15,7 @@ from engine.serving.shape import TRADEOFFS
 from web.diagram import diagram
 from web.evolution import EVOLUTION
 from web.failures import FAILURES
-from web.lessons import CHARTS, LessonLibrary
+from web.lessons import CHARTS, TRACE_CHARTS, LessonLibrary
 
 ROOT = Path(__file__).resolve().parent.parent
 # What /static/vendor/<name> serves, from node_modules (package.json pins the versions).
@@ -41,6 +42,13 @@ def index() -> str:
     return render_template("index.html", lessons=library().lessons(), live=lab().live_state(), evolution=EVOLUTION)
 
 
+def _drawable(charts: Iterable[str]) -> list[str]:
+    """The charts this lab can feed: the swimlanes and batch steps need an engine of ours (a
+    remote lab has no request traces, only the remote's aggregates)."""
+    names = list(charts)
+    return names if lab().traces is not None else [c for c in names if c not in TRACE_CHARTS]
+
+
 @pages.get("/steps/<int:number>")
 def step(number: int) -> str:
     lessons = library().lessons()
@@ -53,7 +61,7 @@ def step(number: int) -> str:
         lessons=lessons,
         live=lab().live_state(),
         levers=[LEVERS[key] for key in lesson.meta["levers"]],
-        charts=lesson.meta["charts"],
+        charts=_drawable(lesson.meta["charts"]),
         diagram=diagram(number),
         failures=[f for f in FAILURES if f.step == number],  # this step's defences, with their metrics
         **_shared(),
@@ -67,7 +75,7 @@ def lab_page() -> str:
         lessons=library().lessons(),
         live=lab().live_state(),
         levers=list(LEVERS.values()),
-        charts=list(CHARTS),
+        charts=_drawable(CHARTS),
         diagram=diagram(None),
         evolution=EVOLUTION,
         **_shared(),

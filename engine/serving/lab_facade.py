@@ -9,10 +9,18 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from engine.serving.events import EventLog
+from engine.serving.traces import RequestTraces
 
 
 class LabFacade(Protocol):
     levers: dict[str, Any]  # the lab's current lever values (the pages' inputs)
+    run: int  # which fleet the stream shows (a new one per executor switch)
+
+    @property
+    def traces(self) -> RequestTraces | None:
+        """The request traces the swimlanes and batch chart read (the simulated fleet's while it
+        runs); None where no engine of ours serves (a remote lab)."""
+        ...
 
     @property
     def events(self) -> EventLog:

@@ -72,11 +72,17 @@ class RemoteLab:
         self.traffic = TrafficDriver(None, lambda: self.levers, api_key=config.api_key)
         self._connected_model: str | None = None
         self.poller = RemotePoller(self)
+        self.run = 0  # one remote, one run: the stream's charts never reset
         self.user_streams = UserStreams()  # the app's pass-through streams, by their `user`
 
     @property
     def executor(self) -> str:
         return "remote"
+
+    @property
+    def traces(self) -> None:
+        """No request traces: the remote's engine reports aggregates only (its /metrics)."""
+        return None
 
     @property
     def flavour(self) -> str:
