@@ -36,7 +36,7 @@ from engine.serving.envelope import MB, bottlenecks, envelope
 from engine.serving.events import EventLog
 from engine.serving.fleet import Fleet
 from engine.serving.lab_clients import simulated_client_fields
-from engine.serving.live_limits import FLOOD_MAX_RATE, check_live, live_devices, replica_bounds
+from engine.serving.live_limits import check_live, check_ramp, live_devices, replica_bounds
 from engine.serving.replica_api import SERVING
 from engine.serving.shape import shape_for
 from engine.serving.traces import RequestTraces
@@ -233,14 +233,7 @@ class LiveLab:
             self.events.emit("flood", "traffic stopped")
         elif action in ("start", "ramp"):
             if action == "ramp":
-                if (
-                    not isinstance(ramp_to, (int, float))
-                    or isinstance(ramp_to, bool)
-                    or not 0 < ramp_to <= FLOOD_MAX_RATE
-                ):
-                    raise InvalidParamError("to", f"the ramp's target rate must be in (0, {FLOOD_MAX_RATE:g}] req/s")
-                if not isinstance(ramp_s, (int, float)) or not 0 <= ramp_s <= 600:
-                    raise InvalidParamError("over_s", "the ramp's duration must be in [0, 600] s")
+                check_ramp(ramp_to, ramp_s)
             self.traffic.start(ramp_to if action == "ramp" else None, float(ramp_s))
             what = (
                 f"ramping to {ramp_to:g} req/s over {ramp_s:g} s"

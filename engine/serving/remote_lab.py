@@ -30,6 +30,7 @@ from engine.clock import WALL_CLOCK, Clock
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS, validate_levers
 from engine.serving.events import EventLog
+from engine.serving.live_limits import check_ramp
 from engine.serving.metrics import WINDOW_S
 from engine.serving.prometheus_text import PrometheusParseError, parse
 from engine.serving.proxy import IDLE_TIMEOUT_CODE, ProxySettings
@@ -153,14 +154,7 @@ class RemoteLab:
             self.events.emit("flood", "traffic stopped")
         elif action in ("start", "ramp"):
             if action == "ramp":
-                if (
-                    not isinstance(ramp_to, (int, float))
-                    or isinstance(ramp_to, bool)
-                    or not 0 < ramp_to <= FLOOD_MAX_RATE
-                ):
-                    raise InvalidParamError("to", f"the ramp's target rate must be in (0, {FLOOD_MAX_RATE:g}] req/s")
-                if not isinstance(ramp_s, (int, float)) or not 0 <= ramp_s <= 600:
-                    raise InvalidParamError("over_s", "the ramp's duration must be in [0, 600] s")
+                check_ramp(ramp_to, ramp_s, FLOOD_MAX_RATE)
             self.traffic.start(float(ramp_to) if action == "ramp" else None, float(ramp_s))  # type: ignore[arg-type]
             what = (
                 f"ramping to {ramp_to:g} req/s over {ramp_s:g} s"
