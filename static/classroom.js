@@ -218,24 +218,12 @@
       const body = await res.json();
       throw new Error(res.status + ": " + body.error.message);
     }
-    const reader = res.body.getReader(), decoder = new TextDecoder();
-    let buf = "", first = null, chunks = 0;
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buf.indexOf("\n\n")) >= 0) {
-        const line = buf.slice(0, cut).trim();
-        buf = buf.slice(cut + 2);
-        if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
-        const msg = JSON.parse(line.slice(6));
-        if (msg.error) throw new Error(msg.error.message);
-        const choice = msg.choices && msg.choices.length ? msg.choices[0] : null;
-        const text = choice ? (chat ? (choice.delta || {}).content : choice.text) || "" : "";
-        if (text) { if (first === null) first = performance.now(); chunks += 1; if (onText) onText(text); }
-      }
-    }
+    let first = null, chunks = 0;
+    await window.servelab.readStream(res, (msg) => {  // static/app.js
+      const choice = msg.choices && msg.choices.length ? msg.choices[0] : null;
+      const text = choice ? (chat ? (choice.delta || {}).content : choice.text) || "" : "";
+      if (text) { if (first === null) first = performance.now(); chunks += 1; if (onText) onText(text); }
+    });
     return { ttft: first === null ? null : (first - start) / 1000, chunks: chunks };
   }
 
