@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from engine.errors import ModelLoadError
-from engine.model.gguf_file import read_gguf_metadata
+from engine.model.gguf_file import GGUFFile, open_gguf
 from engine.model.llama import Llama, LlamaConfig
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -80,10 +80,10 @@ _GGUF_NAMES = {
 }
 
 
-def gguf_config(path: Path, info: dict | None = None) -> LlamaConfig:
+def gguf_config(path: Path, file: GGUFFile | None = None) -> LlamaConfig:
     """The model's shape from a GGUF file's metadata alone (no tensor is read)."""
-    info = info or read_gguf_metadata(path)
-    reader, meta = info["reader"], info["meta"]
+    file = file or open_gguf(path)
+    meta = file.meta
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelLoadError(f"{path.name} holds a {arch!r} model; this engine runs {SUPPORTED_ARCHITECTURES}")
@@ -101,7 +101,7 @@ def gguf_config(path: Path, info: dict | None = None) -> LlamaConfig:
         rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
         rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
         max_position=int(meta["llama.context_length"]),
-        tie_word_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in file.tensors),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=[] if eos is None else [int(eos)],
     )
@@ -111,11 +111,10 @@ def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     """The model's config and its dequantized float32 tensors, Q/K rows in HF's order."""
     import gguf
 
-    info = read_gguf_metadata(path)
-    reader = info["reader"]
-    cfg = gguf_config(path, info)
+    file = open_gguf(path)
+    cfg = gguf_config(path, file)
     tensors: dict[str, torch.Tensor] = {}
-    for t in tqdm(reader.tensors, desc=f"loading {path.name}", unit="tensor", file=sys.stderr, leave=False):
+    for t in tqdm(file.tensors, desc=f"loading {path.name}", unit="tensor", file=sys.stderr, leave=False):
         array = gguf.quants.dequantize(t.data, t.tensor_type)
         value = torch.from_numpy(np.array(array, dtype=np.float32))
         parts = t.name.split(".")

@@ -148,11 +148,11 @@ def tokenizer_from_folder(path: Path) -> ChatTokenizer:
 
 def load_tokenizer(path: str | Path) -> ChatTokenizer:
     """The tokenizer of a GGUF file or HF folder (torch-free: the API front uses it)."""
-    from engine.model.gguf_file import read_gguf_metadata
+    from engine.model.gguf_file import open_gguf
 
     p = Path(path)
     if p.is_dir():
         return tokenizer_from_folder(p)
     if not p.is_file():
         raise ModelLoadError(f"no GGUF file or HF model folder at {str(p)!r}")
-    return tokenizer_from_gguf(read_gguf_metadata(p)["meta"])
+    return tokenizer_from_gguf(open_gguf(p).meta)

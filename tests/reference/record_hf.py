@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.model.gguf_file import read_gguf_metadata
+from engine.model.gguf_file import open_gguf
 from engine.model.paths import default_gguf_path
 from engine.model.tokenizer import tokenizer_from_gguf
 
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Where the upstream SmolLM2 / llama.cpp "smollm" pre-tokenizer (digits split off
     # first) would give other ids than transformers' GGUF tokenizer did.
-    split = tokenizer_from_gguf(read_gguf_metadata(gguf)["meta"]).tokenizer  # the engine's own
+    split = tokenizer_from_gguf(open_gguf(gguf).meta).tokenizer  # the engine's own
     for rec in records:
         rec["split_digits_ids_match"] = split.encode(rec["text"]).ids == rec["prompt_ids"]
     tok_cases: list[dict[str, Any]] = []
