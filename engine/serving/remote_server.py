@@ -12,7 +12,7 @@ from typing import Any
 from werkzeug.serving import make_server
 
 from engine.serving.remote_lab import RemoteLab
-from engine.serving.server import RequestLog
+from engine.serving.server import RequestLog, freeze_startup_heap
 
 log = logging.getLogger("servelab.server")
 
@@ -37,6 +37,7 @@ def serve_remote(lab: RemoteLab, app: Any, host: str, port: int) -> int:
     signal.signal(signal.SIGINT, on_signal)
     log.info("serving the lab on http://%s:%d over %s", host, server.port, lab.label())
     log.info("ready")
+    freeze_startup_heap()
     try:
         server.serve_forever()
     finally:

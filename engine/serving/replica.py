@@ -10,6 +10,7 @@ so a slow step on a busy CPU is not mistaken for a frozen process."""
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -63,6 +64,10 @@ def replica_main(
         outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.FAILED, stats={"error": str(exc)}))
         return
     engine.replica_id = replica_id
+    # The loaded engine (torch's modules, the model) lives as long as the process: frozen, the
+    # collector's full passes skip its 220k objects (0.08 s a pass here) instead of landing in a step.
+    gc.collect()
+    gc.freeze()
     state = ReplicaState.READY
     bandwidth = copy_bandwidth_gbs(config.device)
 

@@ -7,6 +7,7 @@ the drain timeout), the replicas stop, and the process exits leaving no child be
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -88,6 +89,7 @@ def serve_app(
     if not fleet.wait_ready():
         log.error("a replica failed to start")
     log.info("ready")
+    freeze_startup_heap()
     try:
         server.serve_forever()
     finally:
@@ -95,6 +97,15 @@ def serve_app(
             fleet.stop()
     log.info("stopped")
     return 0
+
+
+def freeze_startup_heap() -> None:
+    """What start-up built (modules, the app, the first fleet) lives about as long as the server:
+    frozen, the collector's full passes skip it, and the live stream's ticks stop waiting on them
+    (a full pass over the front's start-up heap, 190k objects, took 0.09 s here). The cost: if a
+    rebuild drops that first fleet, what of it only a cycle held is never reclaimed (once)."""
+    gc.collect()
+    gc.freeze()
 
 
 class RequestLog(WSGIRequestHandler):
