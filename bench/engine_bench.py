@@ -113,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"servelab LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}; vllm LD_PRELOAD={vllm_env().get('LD_PRELOAD', '')!r}"
     )
-    # ServeLab's recommended configuration compiles the forward (compile=True; off by default so
-    # that tests and the lab's replica rebuilds start in seconds). ServeLab and vLLM alternate,
+    # ServeLab's recommended configuration compiles the forward and puts the KV cache on huge
+    # pages (both off by default so that tests and the lab's replica rebuilds start in seconds). ServeLab and vLLM alternate,
     # A B A B, so that the machine's drift shows in the spread instead of in the ratio.
-    llm = build_servelab(True, max_num_seqs=n, device=args.device, compile=on_cpu)
+    llm = build_servelab(True, max_num_seqs=n, device=args.device, compile=on_cpu, huge_pages=on_cpu)
     with_vllm = on_cpu and not args.skip_peers and PEERS_PY.exists()
     rounds: list[tuple[float, float | None]] = []
     paged: dict = {}

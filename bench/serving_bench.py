@@ -61,7 +61,7 @@ def start_servelab(port: int, log: Path) -> subprocess.Popen:
     if TCMALLOC.exists():
         env["LD_PRELOAD"] = str(TCMALLOC)
     cmd = [sys.executable, "-m", "engine", "serve", "--port", str(port), "--replicas", "1", "--max-num-seqs", "64",
-           "--queue-cap", "4096", "--deadline-s", "3600", "--compile", "true"]  # fmt: skip
+           "--queue-cap", "4096", "--deadline-s", "3600", "--compile", "true", "--huge-pages", "true"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     wait_http(port, "/ready", proc)
     return proc

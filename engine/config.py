@@ -43,6 +43,10 @@ class EngineConfig:
     tensor_parallel: int = 1
     # The forward through torch.compile (engine/model/compile.py): CPU, the C++ op, one rank.
     compile: bool = False
+    # The CPU KV cache on 2 MiB pages (engine/huge_pages.py): attention over scattered blocks 15%
+    # faster, but touching them costs every start 5-10 s on these VMs; like compile, off by
+    # default (the lab's rebuilds and the test suite's engines would pay it), on in `make bench`.
+    huge_pages: bool = False
     # A tensor-parallel group's collectives time out (the group fails loudly and is replaced);
     # off, a stopped rank leaves the others waiting inside a collective forever.
     collective_timeout: bool = True

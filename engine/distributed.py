@@ -374,7 +374,7 @@ def worker_main(config: EngineConfig, rank: int, port: int, conn: Any, cores: li
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
     model.all_reduce = AllReduceTimer()
-    runner = ModelRunner(model, num_blocks, config.block_size, dtype, device)
+    runner = ModelRunner(model, num_blocks, config.block_size, dtype, device, config.huge_pages)
     try:
         while True:
             if not conn.poll(1.0):

@@ -127,7 +127,7 @@ class LLMEngine:
             raise
         tokenizer = load_tokenizer(path)
         log.info("%s, %s on %s. %s", Path(path).name, config.dtype, config.device, memory.describe())
-        runner = ModelRunner(self.model, memory.num_blocks, config.block_size, self.dtype, config.device)
+        runner = ModelRunner(self.model, memory.num_blocks, config.block_size, self.dtype, config.device, config.huge_pages)
         if self.shard_group is not None:
             self.shard_group.start(self.model, memory.weight_bytes, memory.num_blocks)
             runner.on_step = self.shard_group.send_step

@@ -20,7 +20,9 @@ PROMPT_LOGITS_ROWS = 256  # prompt positions per logits matmul when a request wa
 
 
 class ModelRunner:
-    def __init__(self, model: Llama, num_blocks: int, block_size: int, dtype: torch.dtype, device: str) -> None:
+    def __init__(
+        self, model: Llama, num_blocks: int, block_size: int, dtype: torch.dtype, device: str, huge_pages: bool = False
+    ) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
@@ -30,7 +32,7 @@ class ModelRunner:
         shape = (cfg.num_kv_heads, num_blocks, block_size, cfg.head_dim)
 
         def cache() -> torch.Tensor:
-            if device == "cpu":  # blocks scattered over the cache: huge pages spare the TLB
+            if device == "cpu" and huge_pages:  # blocks scattered over the cache: huge pages spare the TLB
                 return zeros_on_huge_pages(shape, dtype).permute(1, 2, 0, 3)
             return torch.zeros(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
 

@@ -185,6 +185,8 @@ def test_a_user_name_is_drawn_as_text_never_as_html(server: ServerProcess, page:
     wait_idle(page)
     page.evaluate(f"window.servelabTraces.highlightUser({name!r})")
     complete(server, "Hi", 2, name)
-    page.wait_for_function("document.querySelector('#chart-swimlanes g.lane.mine text.mine-label')", timeout=30_000)
-    assert name in page.locator("#chart-swimlanes g.lane.mine text.mine-label").first.text_content()
+    # Redraws are paced: until the next one, an earlier test's lane may still be the one marked.
+    mine = f"Array.from(document.querySelectorAll('#chart-swimlanes g.lane.mine')).find(g => g.dataset.user === {name!r})"
+    page.wait_for_function(f"{mine} && {mine}.querySelector('text.mine-label')", timeout=30_000)
+    assert name in page.evaluate(f"{mine}.querySelector('text.mine-label').textContent")
     assert page.locator("#chart-swimlanes img").count() == 0 and page.evaluate("window.pwned === undefined")
