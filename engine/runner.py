@@ -90,10 +90,11 @@ class ModelRunner:
         self.last_logits = (ids, raw)
         if all(s.params.greedy and s.params.logprobs is None and not needs_processing(s) for s in to_sample):
             return dict(zip(ids, greedy_tokens(raw).tolist()))  # the common case: no fp32 copy
-        logits = raw.float()
+        wanted = [r for r, s in enumerate(to_sample) if s.params.logprobs is not None]
+        # The sampler reads bf16 as it is; penalties and logprobs work on an fp32 copy.
+        logits = raw.float() if wanted or any(needs_processing(s) for s in to_sample) else raw
         processed = process_logits(logits, to_sample, self.eos_token_ids)
         tokens = self.sampler.sample(processed, [s.params for s in to_sample], ids)
-        wanted = [r for r, s in enumerate(to_sample) if s.params.logprobs is not None]
         if wanted:  # from the model's logits, before penalties (see engine/logprobs.py)
             found = token_logprobs(
                 logits[wanted], [tokens[r] for r in wanted], [to_sample[r].params.logprobs or 0 for r in wanted]

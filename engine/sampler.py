@@ -1,7 +1,10 @@
 """Batched sampling: one pass for the whole step, whatever mix of greedy and random requests.
 
-Random rows use the exponential-race trick (argmax of p / Exp(1) noise draws from p), so a
-per-request seed only has to seed that row's noise."""
+A random row is one uniform draw u pushed through the inverse of its CDF: the first token whose
+running probability passes u. One number per row lets a seeded request own its randomness
+whatever shares its batch. On CPU the C++ pick does it in one pass of exp per logit; the
+exponential race it replaced (argmax of p / Exp(1) noise) spent 55 ms of a batch-64 step drawing
+3 million exponentials in torch's serial CPU generator."""
 
 from __future__ import annotations
 
@@ -19,34 +22,58 @@ class Sampler:
         self._generators.pop(request_id, None)
 
     def sample(self, logits: torch.Tensor, params: list[SamplingParams], request_ids: list[str]) -> list[int]:
-        """logits [B, V] float32 -> one token id per row."""
-        greedy = greedy_tokens(logits)
+        """logits [B, V] (float32, or the model's bfloat16 when nothing processed them) -> one
+        token id per row."""
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        if not random_rows:
-            return greedy.tolist()
-        rows = torch.tensor(random_rows)
-        sub = logits[rows]
-        temps = torch.tensor([params[i].temperature for i in random_rows], dtype=sub.dtype)
-        sub = sub / temps[:, None]
+        if len(random_rows) < len(params):
+            result = greedy_tokens(logits)
+            if not random_rows:
+                return result.tolist()
+        else:
+            result = torch.empty(len(params), dtype=torch.long)
+        sub = logits if len(random_rows) == len(params) else logits[torch.tensor(random_rows, device=logits.device)]
+        temps = torch.tensor([params[i].temperature for i in random_rows], dtype=torch.float32, device=logits.device)
         top_ks = [params[i].top_k for i in random_rows]
         top_ps = [params[i].top_p for i in random_rows]
         min_ps = [params[i].min_p for i in random_rows]
         if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps) or any(m > 0 for m in min_ps):
-            sub = _apply_top_k_top_p(sub, top_ks, top_ps, min_ps)
-        probs = torch.softmax(sub, dim=-1)
-        noise = torch.empty_like(probs)
-        for row, i in enumerate(random_rows):
-            seed = params[i].seed
-            gen = None
-            if seed is not None:
-                gen = self._generators.get(request_ids[i])
-                if gen is None:
-                    gen = self._generators[request_ids[i]] = torch.Generator().manual_seed(seed)
-            noise[row].exponential_(generator=gen)
-        chosen = (probs / noise).max(dim=-1).indices
-        result = greedy.clone()
-        result[rows] = chosen
+            sub = _apply_top_k_top_p(sub.float() / temps[:, None], top_ks, top_ps, min_ps)
+            inv_temps = torch.ones_like(temps)
+        else:
+            inv_temps = 1.0 / temps
+        uniforms = self._uniforms([params[i] for i in random_rows], [request_ids[i] for i in random_rows])
+        chosen = draw(sub, inv_temps, uniforms.to(logits.device))
+        result[torch.tensor(random_rows)] = chosen.to(result.device)
         return result.tolist()
+
+    def _uniforms(self, params: list[SamplingParams], request_ids: list[str]) -> torch.Tensor:
+        """One float64 in [0, 1) per row: a seeded request's from its own generator, the others'
+        from torch's global one."""
+        uniforms = torch.rand(len(params), dtype=torch.float64)
+        for row, (p, request_id) in enumerate(zip(params, request_ids)):
+            if p.seed is None:
+                continue
+            gen = self._generators.get(request_id)
+            if gen is None:
+                gen = self._generators[request_id] = torch.Generator().manual_seed(p.seed)
+            uniforms[row] = torch.rand((), dtype=torch.float64, generator=gen)
+        return uniforms
+
+
+def draw(logits: torch.Tensor, inv_temps: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Row b's token from softmax(logits[b] * inv_temps[b]) at the inverse CDF of uniforms[b]:
+    the C++ pick on CPU where it is built, else torch (the same rule: the first token whose
+    running probability passes u)."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and cpu_attention.available():
+        return cpu_attention.sample_pick(logits, inv_temps, uniforms)
+    return draw_torch(logits, inv_temps, uniforms)
+
+
+def draw_torch(logits: torch.Tensor, inv_temps: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """draw() in torch, on any device (float64 CDF)."""
+    cdf = torch.softmax(logits.double() * inv_temps.double()[:, None], dim=-1).cumsum(dim=-1)
+    target = (uniforms.double() * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=logits.shape[-1] - 1)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -51,6 +51,10 @@ def _register_fakes() -> None:
     def _(logits: torch.Tensor) -> torch.Tensor:
         return logits.new_empty(logits.shape[0], dtype=torch.long)
 
+    @torch.library.register_fake("servelab::sample_pick")
+    def _(logits: torch.Tensor, *_: object) -> torch.Tensor:
+        return logits.new_empty(logits.shape[0], dtype=torch.long)
+
     @torch.library.register_fake("servelab::paged_attention_out")
     @torch.library.register_fake("servelab::store_kv")
     def _(*_: object) -> None:
@@ -113,6 +117,17 @@ def long_chunk_path(dtype: torch.dtype, head_dim: int) -> tuple[int, bool]:
 def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
     """Row-wise argmax of CPU logits [B, V] (float32 or bfloat16), as torch.max(dim).indices."""
     return torch.ops.servelab.greedy_pick(logits.contiguous())
+
+
+def sample_pick(
+    logits: torch.Tensor, inv_temperature: torch.Tensor, uniforms: torch.Tensor, simd: bool = True
+) -> torch.Tensor:
+    """One draw per row of CPU logits [B, V] (float32 or bfloat16) from softmax(logits *
+    inv_temperature[b]), by inverting the row's CDF at uniforms[b] (float64 in [0, 1)).
+    simd=False: the scalar routine (tests)."""
+    return torch.ops.servelab.sample_pick(
+        logits.contiguous(), inv_temperature.float().contiguous(), uniforms.double().contiguous(), simd
+    )
 
 
 def paged_attention_out(out: torch.Tensor, *args: object) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "ops_cpu.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "prefill_amx.cpp", CSRC / "greedy_cpu.cpp"]
-HEADERS = [CSRC / "paged_attention_loops.h", CSRC / "prefill_amx.h", CSRC / "greedy_cpu.h"]
+SOURCES = [CSRC / "ops_cpu.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "prefill_amx.cpp", CSRC / "token_pick.cpp"]
+HEADERS = [CSRC / "paged_attention_loops.h", CSRC / "prefill_amx.h", CSRC / "token_pick.h", CSRC / "simd_exp.h"]
 ROOT = Path(__file__).resolve().parents[2] / ".cache" / "kernels"
 # The AVX-512 routines carry their own target attribute and are picked at run time; the rest is
 # plain x86-64, so the library runs (on its scalar path) on any CPU of this architecture.

@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "greedy_cpu.h"
+#include "token_pick.h"
 #include "paged_attention_loops.h"
 #include "prefill_amx.h"
 
@@ -156,6 +156,7 @@ TORCH_LIBRARY(servelab, m) {
   m.def("has_amx", &servelab::amx_available);
   m.def("linear_prepacked(Tensor x, Tensor packed, int out_features) -> Tensor");
   m.def("greedy_pick(Tensor logits) -> Tensor");
+  m.def("sample_pick(Tensor logits, Tensor inv_temperature, Tensor uniforms, bool simd=True) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(servelab, CPU, m) {
@@ -164,6 +165,7 @@ TORCH_LIBRARY_IMPL(servelab, CPU, m) {
   m.impl("store_kv", store_kv);
   m.impl("linear_prepacked", linear_prepacked);
   m.impl("greedy_pick", servelab::greedy_pick);
+  m.impl("sample_pick", servelab::sample_pick);
 }
 
 // The prepacked weight is an opaque oneDNN tensor, whose dispatch key (MkldnnCPU) picks the kernel.

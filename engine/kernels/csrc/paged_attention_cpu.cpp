@@ -17,6 +17,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include "paged_attention_loops.h"
+#include "simd_exp.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -94,23 +95,7 @@ void fold_scalar(const float* q, int64_t R, int64_t D, const float* k, const flo
 
 #ifdef SERVELAB_X86
 
-AVX512 inline __m512 exp512(__m512 x) {
-  // exp(x) = 2^n * exp(r), |r| <= ln2/2, exp(r) by its degree-7 Taylor polynomial (rel. error < 1e-7).
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.f / 5040);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 720));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
-}
+using servelab::exp512;
 
 AVX512 inline __mmask16 first_lanes(int64_t count) {
   return count >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << count) - 1);
