@@ -135,7 +135,7 @@ class LLMEngine:
         if config.compile and config.batch_invariant:  # Inductor would fuse the split matmuls back
             log.info("compile: skipped (batch_invariant keeps the eager, row-tiled matmuls)")
         elif config.compile:
-            compile_model(self.model, runner.kv_caches)
+            compile_model(self.model, runner.kv_caches, config.max_batched_tokens, config.max_num_seqs)
         return Executor(Path(path).name, self.model.cfg, memory, runner, tokenizer)
 
     # requests ---------------------------------------------------------------------------------
