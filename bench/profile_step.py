@@ -14,7 +14,7 @@ from engine import LLM, SamplingParams
 
 
 def main() -> int:
-    llm = LLM(dtype="bfloat16", max_num_seqs=64, compile="--eager" not in sys.argv)
+    llm = LLM(dtype="bfloat16", max_num_seqs=64, compile="--eager" not in sys.argv, huge_pages=True)
     engine = llm.engine
     llm.generate(make_workload(8, 8, seed=1), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     params = SamplingParams(temperature=0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
