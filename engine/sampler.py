@@ -36,13 +36,12 @@ class Sampler:
         top_ks = [params[i].top_k for i in random_rows]
         top_ps = [params[i].top_p for i in random_rows]
         min_ps = [params[i].min_p for i in random_rows]
-        if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps) or any(m > 0 for m in min_ps):
-            sub = _apply_top_k_top_p(sub.float() / temps[:, None], top_ks, top_ps, min_ps)
-            inv_temps = torch.ones_like(temps)
-        else:
-            inv_temps = 1.0 / temps
         uniforms = self._uniforms([params[i] for i in random_rows], [request_ids[i] for i in random_rows])
-        chosen = draw(sub, inv_temps, uniforms.to(logits.device))
+        uniforms = uniforms.to(logits.device)
+        if any(k > 0 for k in top_ks) or any(p < 1.0 for p in top_ps) or any(m > 0 for m in min_ps):
+            chosen = _filtered_draw(sub.float() / temps[:, None], top_ks, top_ps, min_ps, uniforms)
+        else:
+            chosen = draw(sub, 1.0 / temps, uniforms)
         result[torch.tensor(random_rows)] = chosen.to(result.device)
         return result.tolist()
 
@@ -85,19 +84,58 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices
 
 
-def _apply_top_k_top_p(
-    logits: torch.Tensor, top_ks: list[int], top_ps: list[float], min_ps: list[float]
+# Candidates per row before a full sort: torch's CPU sort of 64 x 49,152 logits took 89 ms here,
+# topk(1024) 12 ms, and 94% of SmolLM2's rows at temperature 1 hold 0.9 of their mass in their
+# top 1,024 tokens; the other rows are sorted whole.
+CANDIDATES = 1024
+
+
+def _filtered_draw(
+    logits: torch.Tensor, top_ks: list[int], top_ps: list[float], min_ps: list[float], uniforms: torch.Tensor
 ) -> torch.Tensor:
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    """Each row's token from what top-k, top-p and min_p keep of it (see filter_rows), drawn at
+    its uniform: from the row's largest logits where they hold everything kept, else from the
+    whole sorted row."""
     vocab = logits.shape[-1]
-    ks = torch.tensor([k if k > 0 else vocab for k in top_ks])
-    positions = torch.arange(vocab)[None, :]
-    drop = positions >= ks[:, None]
-    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop |= mass_before >= torch.tensor(top_ps, dtype=probs.dtype)[:, None]
-    # min_p: drop what is less likely than min_p x the top token (which itself always stays).
-    drop |= probs < torch.tensor(min_ps, dtype=probs.dtype)[:, None] * probs[:, :1]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    dev = logits.device
+    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=dev)
+    ps = torch.tensor(top_ps, dtype=logits.dtype, device=dev)
+    mins = torch.tensor(min_ps, dtype=logits.dtype, device=dev)
+    full_lse = torch.logsumexp(logits, dim=-1)
+    tokens = torch.empty(logits.shape[0], dtype=torch.long, device=dev)
+    rows = torch.arange(logits.shape[0], device=dev)
+    width = min(vocab, max(CANDIDATES, int(ks[ks < vocab].max()) if bool((ks < vocab).any()) else 0))
+    while len(rows):
+        kept, ids, covered = filter_rows(logits[rows], ks[rows], ps[rows], mins[rows], full_lse[rows], width)
+        done = covered | (width == vocab)
+        picked = draw(kept[done], torch.ones(int(done.sum()), device=dev), uniforms[rows[done]])
+        tokens[rows[done]] = ids[done].gather(1, picked[:, None])[:, 0]
+        rows, width = rows[~done], vocab
+    return tokens
+
+
+def filter_rows(
+    logits: torch.Tensor,
+    ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: torch.Tensor,
+    full_lse: torch.Tensor,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's order over each row's `width` largest logits: top-k, then top-p over what top-k kept
+    (renormalised), then min_p against the top token; the top token always stays. Returns (the
+    candidates' logits, -inf where filtered, [B, width]; their token ids; whether the row's kept
+    set surely ends inside its candidates). full_lse: each row's logsumexp, top-p's normaliser
+    where no top-k applies (ks = vocab)."""
+    vocab = logits.shape[-1]
+    values, ids = logits.topk(width, dim=-1) if width < vocab else logits.sort(dim=-1, descending=True)
+    drop = torch.arange(width, device=logits.device)[None, :] >= ks[:, None]
+    masked = values.masked_fill(drop, float("-inf"))
+    lse = torch.where(ks < vocab, torch.logsumexp(masked, dim=-1), full_lse)
+    probs = (masked - lse[:, None]).exp()
+    drop |= probs.cumsum(dim=-1) - probs >= top_ps[:, None]  # the smallest prefix reaching top_p
+    drop |= probs < min_ps[:, None] * probs[:, :1]
+    # Covered: a top-k set that fits (its normaliser is then exact), or, without top-k, a last
+    # candidate already filtered (every later token is less likely, and so filtered too).
+    covered = (ks <= width) | ((ks == vocab) & drop[:, -1])
+    return values.masked_fill(drop, float("-inf")), ids, covered

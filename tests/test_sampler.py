@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.kernels import cpu_attention, cpu_build
-from engine.sampler import Sampler, draw_torch
+from engine.sampler import CANDIDATES, Sampler, _filtered_draw, draw_torch, filter_rows
 from engine.sampling_params import SamplingParams
 
 PICKS = ["torch", "simd", "scalar"]
@@ -128,3 +128,38 @@ def test_greedy_rows_beside_random_ones_and_the_filters() -> None:
         assert got[0] == logits[0].argmax().item()
         assert got[1] == logits[1].argmax().item()
         assert got[2] in top20
+
+
+def reference_filter(logits: torch.Tensor, k: int, p: float, min_p: float) -> set[int]:
+    """The kept tokens of one row by a full sort: top-k, top-p over what top-k kept, min_p."""
+    values, order = logits.sort(descending=True)
+    if 0 < k < len(values):
+        values[k:] = float("-inf")
+    probs = torch.softmax(values.double(), dim=0)
+    keep = (probs.cumsum(0) - probs < p) & (probs >= min_p * probs[0]) & (values > float("-inf"))
+    return set(order[keep].tolist())
+
+
+@pytest.mark.parametrize("scale", [12.0, 1.0])  # peaked (the candidates hold it), flat (a full sort)
+def test_the_filters_keep_what_a_full_sort_keeps(scale: float) -> None:
+    gen = torch.Generator().manual_seed(7)
+    cases = [(0, 0.9, 0.0), (5, 1.0, 0.0), (40, 0.8, 0.0), (0, 1.0, 0.05), (2000, 0.95, 0.0), (0, 0.5, 0.01)]
+    logits = torch.randn(len(cases), 49152, generator=gen) * scale
+    ks = torch.tensor([k or 49152 for k, _, _ in cases])
+    ps = torch.tensor([p for _, p, _ in cases])
+    mins = torch.tensor([m for _, _, m in cases])
+    full_lse = torch.logsumexp(logits, dim=-1)
+    wide = filter_rows(logits, ks, ps, mins, full_lse, 49152)
+    narrow = filter_rows(logits, ks, ps, mins, full_lse, CANDIDATES)
+    assert bool(wide[2].all())
+    for row, (k, p, min_p) in enumerate(cases):
+        expected = reference_filter(logits[row].clone(), k, p, min_p)
+        assert set(wide[1][row][wide[0][row] > float("-inf")].tolist()) == expected, (row, k, p, min_p)
+        if narrow[2][row]:  # where the candidates say they hold the kept set, they do
+            assert set(narrow[1][row][narrow[0][row] > float("-inf")].tolist()) == expected
+    assert bool(narrow[2][torch.tensor([0 < k <= CANDIDATES for k, _, _ in cases])].all())  # top-k sets that fit
+    assert bool(narrow[2][torch.tensor([k == 0 for k, _, _ in cases])].all()) == (scale > 5)  # flat: a full sort
+    uniforms = torch.rand(len(cases), dtype=torch.float64, generator=gen)
+    tokens = _filtered_draw(logits, [k for k, _, _ in cases], ps.tolist(), mins.tolist(), uniforms)
+    for row, (k, p, min_p) in enumerate(cases):
+        assert tokens[row].item() in reference_filter(logits[row].clone(), k, p, min_p)
