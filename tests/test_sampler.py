@@ -163,3 +163,15 @@ def test_the_filters_keep_what_a_full_sort_keeps(scale: float) -> None:
     tokens = _filtered_draw(logits, [k for k, _, _ in cases], ps.tolist(), mins.tolist(), uniforms)
     for row, (k, p, min_p) in enumerate(cases):
         assert tokens[row].item() in reference_filter(logits[row].clone(), k, p, min_p)
+
+
+def test_rows_without_filters_are_not_filtered_beside_one_that_is() -> None:
+    """A row with neither top-k, top-p nor min_p draws from its whole distribution even when
+    another row of the batch filters: its seeded draw is the one it makes alone."""
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 3000, generator=gen)
+    plain = SamplingParams(temperature=1.0, seed=11, max_tokens=1)
+    alone = [Sampler().sample(logits[1:], [plain], ["p"])[0]]
+    beside = Sampler().sample(logits, [SamplingParams(temperature=1.0, top_k=3, max_tokens=1), plain], ["k", "p"])
+    assert beside[1] == alone[0]
+    assert beside[0] in set(logits[0].topk(3).indices.tolist())
