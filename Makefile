@@ -44,15 +44,28 @@ kernels: $(KERNEL_STAMP)
 run: $(STAMP) $(NODE_STAMP) $(KERNEL_STAMP)
 	$(PY) app.py --host "$${HOST:-127.0.0.1}" --port "$${PORT:-5000}"
 
+# The engine, kernel and serving tests a second time as on an AVX2 CPU, whatever CPU runs them:
+# no AVX-512 and no native bf16 (dtype auto is fp32), the op's AVX2 loops, torch's AVX2 kernels.
+AVX2_TESTS := tests/test_machine.py tests/test_cpu_attention.py tests/test_sampler.py tests/test_engine_behaviour.py \
+	tests/test_hf_equivalence.py tests/test_bf16_parity.py tests/test_replica.py tests/test_api.py
+
 test: $(STAMP) $(NODE_STAMP) $(CHROMIUM) $(KERNEL_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider tests
+ifeq ($(shell uname -m),x86_64)
+	SERVELAB_CPU_ISA=avx2 $(PY) -m pytest -q -p no:cacheprovider $(AVX2_TESTS)
+endif
 
-# vLLM's CPU guide asks for tcmalloc preloaded; ServeLab's bench gets the same allocator.
-TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+# vLLM's CPU guide asks for tcmalloc preloaded; ServeLab's bench gets the same allocator, Debian's
+# library for this architecture (uname -m: x86_64 or aarch64). macOS has no LD_PRELOAD: its benches
+# run on the system allocator, and nothing here needs apt.
+ifeq ($(shell uname -s),Linux)
+TCMALLOC := /usr/lib/$(shell uname -m)-linux-gnu/libtcmalloc_minimal.so.4
+PRELOAD := LD_PRELOAD=$(TCMALLOC)
 
 $(TCMALLOC):
 	apt-get install -y -qq libtcmalloc-minimal4 || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4)
+endif
 
 $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	$(PY) -m pip install -q -r requirements-bench.txt
@@ -62,7 +75,7 @@ bench-peers: $(BENCH_STAMP) $(TCMALLOC)
 	bash bench/peers_setup.sh
 
 bench: $(BENCH_STAMP) $(TCMALLOC) $(KERNEL_STAMP)
-	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.engine_bench
+	$(PRELOAD) $(PY) -m bench.engine_bench
 	$(PY) -m bench.serving_bench
 
 bench-serving: $(BENCH_STAMP) $(TCMALLOC) $(KERNEL_STAMP)
@@ -76,8 +89,8 @@ bench-tp: $(STAMP) $(KERNEL_STAMP)
 # engine/sim/cpu_calibration.json; with the bench's allocator), and its evidence against published
 # results. sim-vs-live: the fitted device against the live engine and server on this machine.
 calibrate: $(STAMP) $(KERNEL_STAMP) $(TCMALLOC)
-	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.calibrate
-	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.calibrate_front
+	$(PRELOAD) $(PY) -m bench.calibrate
+	$(PRELOAD) $(PY) -m bench.calibrate_front
 
 sim-vs-live: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m bench.sim_vs_live
@@ -89,7 +102,7 @@ bench-sim: $(STAMP)
 	$(PY) -m bench.whatif_speed
 
 profile: $(STAMP) $(TCMALLOC) $(KERNEL_STAMP)
-	LD_PRELOAD=$(TCMALLOC) $(PY) -m bench.profile_step
+	$(PRELOAD) $(PY) -m bench.profile_step
 
 record-reference: $(BENCH_STAMP)
 	$(PY) tests/reference/record_hf.py

@@ -15,9 +15,11 @@ import sys
 from flask import Flask
 from flask_socketio import SocketIO
 
+from engine import machine
 from engine.config import EngineConfig
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS, parse_bool, validate_levers
+from engine.machine import MachineError
 from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
 from engine.serving.lab import LiveLab, engine_fields
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python app.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "5000")))
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="auto", help="auto: bf16 where this machine multiplies it natively, else fp32")
+    parser.add_argument("--model-path", default=None, help="a GGUF file or HF folder for the live engine (default: SmolLM2)")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0)
     parser.add_argument("--backend", choices=("local", "remote"), default="local",
                         help="remote: drive and watch an existing vLLM / SGLang / ServeLab server")
@@ -108,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         return main_remote(args, levers, token)
     from engine.serving.server import serve_app
 
-    lab = build_lab(levers, {"dtype": args.dtype}, args.drain_timeout_s)
+    try:  # what no replica could get past is refused here, in one line
+        machine.cpu()
+        lab = build_lab(levers, {"dtype": args.dtype, "model": args.model_path}, args.drain_timeout_s)
+    except (InvalidParamError, MachineError) as err:
+        print(f"python app.py: cannot serve: {err}", file=sys.stderr)
+        return 2
     logging.getLogger("servelab.app").info(
         "levers: %s", "instructor only (SERVELAB_INSTRUCTOR_TOKEN)" if token else "anyone connected may move them"
     )

@@ -37,10 +37,10 @@ def vllm_env() -> dict[str, str]:
     return {"LD_PRELOAD": ":".join(preload)} if preload else {}
 
 
-def build_servelab(paged: bool, **levers: object) -> LLM:
+def build_servelab(paged: bool, dtype: str = "auto", **levers: object) -> LLM:
     from engine import LLM, SamplingParams
 
-    llm = LLM(dtype="bfloat16", paged=paged, **levers)
+    llm = LLM(dtype=dtype, paged=paged, **levers)
     warm = make_workload(num_requests=8, output_tokens=8, seed=1)
     llm.generate(warm, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     return llm
@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--rounds", type=int, default=2, help="ServeLab and vLLM alternate this many times")
     parser.add_argument("--device", default="cpu", help="cuda: ServeLab only (the peers and the roofline are CPU's)")
+    parser.add_argument("--dtype", default="auto", help="ServeLab's (auto: what engine/machine.py picks here)")
+    parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM-CPU's; float32 is its best without native bf16")
+    parser.add_argument("--no-compile", action="store_true", help="ServeLab eager, as `make run` serves it")
     args = parser.parse_args(argv)
     n = args.num_requests
     on_cpu = args.device == "cpu"
@@ -116,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     # ServeLab's recommended configuration compiles the forward and puts the KV cache on huge
     # pages (both off by default so that tests and the lab's replica rebuilds start in seconds). ServeLab and vLLM alternate,
     # A B A B, so that the machine's drift shows in the spread instead of in the ratio.
-    llm = build_servelab(True, max_num_seqs=n, device=args.device, compile=on_cpu, huge_pages=on_cpu)
+    llm = build_servelab(
+        True, args.dtype, max_num_seqs=n, device=args.device, compile=on_cpu and not args.no_compile, huge_pages=on_cpu
+    )
+    print(f"servelab: {llm.engine.plan.summary() if llm.engine.plan else '?'}", flush=True)
     with_vllm = on_cpu and not args.skip_peers and PEERS_PY.exists()
     rounds: list[tuple[float, float | None]] = []
     paged: dict = {}
@@ -129,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         theirs = None
         if with_vllm:
-            cmd = [str(PEERS_PY), "bench/peer_vllm.py", "--num-requests", str(n), "--seed", str(round_seed(r))]
+            cmd = [str(PEERS_PY), "bench/peer_vllm.py", "--num-requests", str(n), "--seed", str(round_seed(r)),
+                   "--dtype", args.vllm_dtype]  # fmt: skip
             vllm = run_peer(cmd, vllm_env()) or vllm
             if vllm:
                 theirs = vllm["output_tok_s"]
@@ -144,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     results["servelab"] = paged
     results["vllm"] = vllm
     results["rounds"] = rounds
-    static = run_servelab(build_servelab(False, max_num_seqs=16, device=args.device), False, n)
+    static = run_servelab(build_servelab(False, args.dtype, max_num_seqs=16, device=args.device), False, n)
     results["servelab-static"] = static
     print(f"servelab (static batches of 16, contiguous KV): {static['output_tok_s']} tok/s", flush=True)
 
@@ -181,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         step_s = statistics.median(t for t, _ in paged["decode_steps"])
         context = statistics.mean(c for _, c in paged["decode_steps"])
         steps = f"{len(paged['decode_steps'])} full-batch decode steps"
-        print(f"\ndecode step, batch {n}, mean context {context:.0f} tokens (bf16, {args.device}):")
+        dtype = llm.engine.config.dtype
+        print(f"\ndecode step, batch {n}, mean context {context:.0f} tokens ({dtype}, {args.device}):")
         if on_cpu:
-            roof = decode_roofline(paged["model_cfg"], n, context)
+            roof = decode_roofline(paged["model_cfg"], n, context, 4 if dtype == "float32" else 2)
             print(
                 f"  roofline: memory {roof.memory_s * 1000:.1f} ms "
                 f"({(roof.weight_bytes + roof.kv_bytes) / 2**20:.0f} MiB at "

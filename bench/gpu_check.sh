@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of engine/kernels, for a machine with an NVIDIA GPU (under 8 minutes on an H200):
+#   0. the probe's choices on CUDA (dtype auto, Triton attention, cuBLAS linears), one generation;
 #   1. the kernel tests on CUDA (bf16, fp16, fp32): Triton against torch, and the engine end to end
 #      in float32 on CUDA, greedy tokens equal to HF transformers' recorded ones (every reference
 #      prompt, also in 64-token chunks and with a prefix-cache hit);
@@ -66,6 +67,19 @@ print(f"gpu_check: {torch.cuda.get_device_name()}, torch {torch.__version__} (CU
 EOF
 
 phase() { echo; echo "=== $1 ($(date +%T))"; }
+
+phase "what the probe decides on this GPU (engine/machine.py): dtype auto, kernels, one generation"
+"$PY" - <<'EOF'
+import json
+from engine import LLM, SamplingParams, machine
+print("auto dtype on cuda:", machine.auto_dtype("cuda"), "| gpu:", machine.describe_cuda())
+llm = LLM(device="cuda")  # dtype auto: bf16 on sm_80 and later, fp16 before
+plan = llm.engine.plan
+print(json.dumps(plan.to_json()))
+assert plan.dtype == machine.auto_dtype("cuda")[0] and plan.attention == "triton" and plan.linear == "cublas", plan
+out = llm.generate(["The three primary colors are"], SamplingParams(temperature=0, max_tokens=16))
+print("greedy:", repr(out[0].text))
+EOF
 
 phase "kernel tests on CUDA (bf16, fp16, fp32) and the engine on CUDA against HF's greedy tokens"
 SERVELAB_TEST_DEVICE=cuda "$PY" -m pytest -q -p no:cacheprovider --durations=5 \

@@ -45,6 +45,7 @@ def load_workload_module() -> ModuleType:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default="bfloat16", help="float32 is vLLM-CPU's best on a CPU without native bf16")
     parser.add_argument("--num-requests", type=int, default=None, help="default: the full workload")
     parser.add_argument("--seed", type=int, default=None, help="the workload's prompts (default: its seed)")
     args = parser.parse_args(argv)
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     max_tokens = max(r["max_tokens"] for r in workload)
     llm = LLM(
         model=str(args.model),
-        dtype="bfloat16",
+        dtype=args.dtype,
         # All requests run as one batch, as the benchmark intends.
         max_num_seqs=max(n, 64),
         # Enough for the longest request; smaller than the model's 8k keeps the cache planning tight.

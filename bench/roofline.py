@@ -1,5 +1,5 @@
 """The decode roofline for this machine: how fast one batch-64 decode step could possibly be,
-from a measured read bandwidth and a measured bf16 matmul rate."""
+from a measured read bandwidth and a measured matmul rate in the engine's dtype."""
 
 from __future__ import annotations
 
@@ -27,11 +27,15 @@ def measure_read_bandwidth(num_bytes: int = 512 * 2**20) -> float:
     return num_bytes / _best_of(lambda: buf.sum())
 
 
-def measure_bf16_matmul_rate(m: int = 64, n: int = 4096, k: int = 4096) -> float:
-    """FLOP/s of a decode-shaped bf16 matmul (batch rows x a weight matrix)."""
-    a = torch.randn(m, k, dtype=torch.bfloat16)
-    b = torch.randn(n, k, dtype=torch.bfloat16)
+def measure_matmul_rate(m: int = 64, n: int = 4096, k: int = 4096, dtype: torch.dtype = torch.bfloat16) -> float:
+    """FLOP/s of a decode-shaped matmul (batch rows x a weight matrix) in dtype."""
+    a = torch.randn(m, k, dtype=dtype)
+    b = torch.randn(n, k, dtype=dtype)
     return 2 * m * n * k / _best_of(lambda: torch.nn.functional.linear(a, b))
+
+
+def measure_bf16_matmul_rate(m: int = 64, n: int = 4096, k: int = 4096) -> float:
+    return measure_matmul_rate(m, n, k, torch.bfloat16)
 
 
 @dataclass
@@ -64,4 +68,5 @@ def decode_roofline(cfg: LlamaConfig, batch: int, mean_context: float, dtype_byt
     kv_bytes = int(batch * mean_context * cfg.kv_bytes_per_token * dtype_bytes)
     attention_flops = 4 * batch * mean_context * cfg.num_heads * cfg.head_dim * cfg.num_layers
     flops = 2 * batch * matmul_params + attention_flops
-    return Roofline(weight_bytes, kv_bytes, flops, measure_read_bandwidth(), measure_bf16_matmul_rate())
+    dtype = torch.float32 if dtype_bytes == 4 else torch.bfloat16
+    return Roofline(weight_bytes, kv_bytes, flops, measure_read_bandwidth(), measure_matmul_rate(dtype=dtype))

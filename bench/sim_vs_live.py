@@ -247,8 +247,9 @@ def main(argv: list[str] | None = None) -> int:
 
     notes = []
     from engine.config import EngineConfig
+    from engine.machine import usable_cores
 
-    cores = len(os.sched_getaffinity(0))  # the server's one replica runs a thread per core it owns
+    cores = usable_cores()  # the server's one replica runs a thread per core it owns
     if exe["num_threads"] not in (None, cores):
         notes.append(f"the calibration ran {exe['num_threads']} threads; the server's replica runs {cores}")
     if exe["memory_gb"] * 1024 != EngineConfig.memory_cap_mb:

@@ -60,12 +60,12 @@ def measure(degree: int, dtype: str, cap_mb: float, batch: int, steps: int) -> d
 
 
 def _allreduce_rank(rank: int, port: int, shape: tuple[int, int], count: int, result: Any) -> None:
-    import os
-
     import torch
     import torch.distributed as dist
 
-    os.sched_setaffinity(0, [sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]])
+    from engine.machine import affinity, set_affinity
+
+    set_affinity([affinity()[rank % len(affinity())]])
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)

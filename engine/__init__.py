@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine import machine as _machine
+
+# SERVELAB_CPU_ISA caps torch's kernels too: set before torch reads its environment.
+_machine.apply_isa_override()
+
 __all__ = ["LLM", "EngineConfig", "LLMEngine", "SamplingParams"]
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from engine.errors import InvalidParamError
 
-DTYPES = ("float32", "bfloat16", "float16")
+# "auto": bf16 where the device multiplies it natively, else fp32 (engine/machine.py decides).
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 # How the scheduler admits against KV memory. "greedy" (vLLM): a prompt's blocks are enough, and
 # when decodes outgrow the cache the newest sequence is preempted and recomputed. "reserve"
 # (TensorRT-LLM's GUARANTEED_NO_EVICT): admit only when the prompt + max_tokens of it and of
@@ -21,7 +22,7 @@ IN_PLACE_FIELDS = frozenset({"max_num_seqs", "max_batched_tokens", "chunked_pref
 @dataclass
 class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None means the default SmolLM2 GGUF
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # DTYPES; what it resolves to and why: engine/machine.py
     device: str = "cpu"
     # Paged KV cache + continuous batching; False is static batches over contiguous KV slabs.
     paged: bool = True
@@ -38,6 +39,9 @@ class EngineConfig:
     aging: bool = True  # the defence lever: off, no waiter is ever favoured for its age
     admission: str = "greedy"  # ADMISSION_POLICIES
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
+    # Fewer threads while other processes keep this replica's cores busy (engine/threads.py); the
+    # most it uses is num_threads. Off: the count is fixed (benchmarks that compare thread counts).
+    adaptive_threads: bool = True
     # Ranks (processes) one replica's model is split across (engine/distributed.py); at most the
     # model's KV heads. memory_cap_mb applies to each rank.
     tensor_parallel: int = 1

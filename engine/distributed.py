@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from engine.config import EngineConfig
+from engine.machine import affinity, set_affinity, usable_cores
 from engine.model.llama import AttentionBatch, Llama, PrefillChunk
 from engine.model.sharding import shard_model, split_evenly
 
@@ -62,7 +63,7 @@ def rank_device(device: str, rank: int) -> str:
 def rank_cores(world: int) -> list[list[int]] | None:
     """Each rank's share of this process's cores (one core each for t=2 on 2 cores); None where
     there are fewer cores than ranks (they share, unpinned)."""
-    cores = sorted(os.sched_getaffinity(0))
+    cores = affinity()
     if len(cores) < world:
         return None
     return [cores[lo:hi] for lo, hi in split_evenly(len(cores), world)]
@@ -163,7 +164,7 @@ class ShardGroup:
         self.config = config
         self.world = config.tensor_parallel
         self.cores = rank_cores(self.world)
-        self._saved = (os.sched_getaffinity(0), torch.get_num_threads())
+        self._saved = (affinity(), torch.get_num_threads())
         ctx = mp.get_context("spawn")
         if dist.is_initialized():
             raise ShardGroupError("this process already belongs to a process group (one tensor-parallel engine each)")
@@ -193,7 +194,7 @@ class ShardGroup:
         finally:
             me.daemon = was_daemon
         if self.cores:
-            os.sched_setaffinity(0, self.cores[0])
+            set_affinity(self.cores[0])
             torch.set_num_threads(len(self.cores[0]))
         self.timer = AllReduceTimer(on_error=self._collective_failed)
         self.rank_weight_bytes: list[int] = []
@@ -264,7 +265,7 @@ class ShardGroup:
         if not self.closed and dist.is_initialized():
             dist.destroy_process_group()
         if not self.closed and self.cores:
-            os.sched_setaffinity(0, self._saved[0])
+            set_affinity(self._saved[0])
             torch.set_num_threads(self._saved[1])
         self.closed = True
 
@@ -360,8 +361,8 @@ def worker_main(config: EngineConfig, rank: int, port: int, conn: Any, cores: li
     if os.getppid() != parent:
         return
     if cores:
-        os.sched_setaffinity(0, cores)
-    torch.set_num_threads(len(cores) if cores else max(1, len(os.sched_getaffinity(0)) // config.tensor_parallel))
+        set_affinity(cores)
+    torch.set_num_threads(len(cores) if cores else max(1, usable_cores() // config.tensor_parallel))
     device, dtype = rank_device(config.device, rank), DTYPES[config.dtype]
     try:
         model = shard_model(

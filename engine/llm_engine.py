@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from engine import machine
 from engine.block_manager import BlockManager, blocks_for
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import IN_PLACE_FIELDS, EngineConfig
@@ -24,6 +25,7 @@ from engine.detokenizer import detokenize_step
 from engine.distributed import ShardGroup, tp_stats
 from engine.errors import InvalidParamError
 from engine.executor import Executor
+from engine.kernels import pick_impl
 from engine.memory import plan_kv_blocks
 from engine.model.compile import compile_model
 from engine.model.llama import Llama
@@ -36,6 +38,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
 from engine.sequence import RequestTimes, Sequence, SequenceStatus
 from engine.step_record import StepRing, step_record
+from engine.threads import ThreadGovernor
 
 if TYPE_CHECKING:
     from engine.logprobs import TokenLogprobs
@@ -77,6 +80,7 @@ class LLMEngine:
         self.config = config
         self.clock = clock
         self.model: Llama | None = None  # the live executor's weights
+        self.plan: machine.EnginePlan | None = None  # what the live engine runs here, and why
         self.shard_group: ShardGroup | None = None
         if executor is None:
             executor = self._load_live(config)
@@ -109,6 +113,10 @@ class LLMEngine:
     def _load_live(self, config: EngineConfig) -> Executor:
         """Load the weights and tokenizer, shard them, plan the KV budget, build the runner."""
         _make_startup_visible()
+        # dtype "auto" becomes what this machine runs best (engine/machine.py); every rank and
+        # every later reader of the config sees the resolved dtype.
+        dtype_name, dtype_reason = machine.resolve_dtype(config.dtype, config.device)
+        config = self.config = config.replace(dtype=dtype_name)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)
@@ -126,16 +134,31 @@ class LLMEngine:
             self.close()
             raise
         tokenizer = load_tokenizer(path)
-        log.info("%s, %s on %s. %s", Path(path).name, config.dtype, config.device, memory.describe())
         runner = ModelRunner(self.model, memory.num_blocks, config.block_size, self.dtype, config.device, config.huge_pages)
         if self.shard_group is not None:
             self.shard_group.start(self.model, memory.weight_bytes, memory.num_blocks)
             runner.on_step = self.shard_group.send_step
         self.model.batch_invariant = config.batch_invariant
+        # One rank on the CPU adapts its threads; batch_invariant keeps them fixed (the split-KV
+        # count follows the thread count, and with it the order of a long decode's sums).
+        if config.adaptive_threads and config.device == "cpu" and self.shard_group is None and not config.batch_invariant:
+            runner.governor = ThreadGovernor(torch.get_num_threads())
         if config.compile and config.batch_invariant:  # Inductor would fuse the split matmuls back
             log.info("compile: skipped (batch_invariant keeps the eager, row-tiled matmuls)")
         elif config.compile:
             compile_model(self.model, runner.kv_caches, config.max_batched_tokens, config.max_num_seqs)
+        self.plan = machine.EnginePlan(
+            config.device,
+            config.dtype,
+            dtype_reason,
+            "onednn-prepacked" if self.model.packed_lm_head is not None else machine.linear_path("", config.device),
+            machine.attention_path(config.device, pick_impl(None, self.model.embed) == "cpu"),
+            self.model.compiled_forward is not None,
+            torch.get_num_threads(),
+            machine.cpu().describe() if config.device == "cpu" else machine.describe_cuda(),
+            ["threads adapt to busy neighbours"] if runner.governor is not None else [],
+        )
+        log.info("%s on %s: %s. %s", Path(path).name, config.device, self.plan.summary(), memory.describe())
         return Executor(Path(path).name, self.model.cfg, memory, runner, tokenizer)
 
     # requests ---------------------------------------------------------------------------------

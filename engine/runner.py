@@ -15,6 +15,7 @@ from engine.model.llama import AttentionBatch, Llama, PrefillChunk
 from engine.sampler import Sampler, greedy_tokens
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
+from engine.threads import ThreadGovernor
 
 PROMPT_LOGITS_ROWS = 256  # prompt positions per logits matmul when a request wants prompt logprobs
 
@@ -44,6 +45,8 @@ class ModelRunner:
         # The latest step's raw logits (a reference, no copy) and whose each row is: how the
         # batch_invariant check compares a prompt's logits alone and inside a full batch.
         self.last_logits: tuple[list[str], torch.Tensor] | None = None
+        # Fits the CPU threads to the cores others leave (engine/threads.py); None: fixed.
+        self.governor: ThreadGovernor | None = None
 
     def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
         """echo: the logprob of each prompt token given the ones before it, from this chunk's
@@ -69,6 +72,8 @@ class ModelRunner:
         )
         prefills = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n > 1]
         input_ids, positions, attn = self._prepare(decodes, prefills)
+        if self.governor is not None:
+            self.governor.before_step()
         if self.on_step is not None:
             self.on_step(input_ids, positions, attn)
         hidden = self.model(input_ids, positions, attn, self.kv_caches)

@@ -135,6 +135,15 @@
     // A remote backend names itself ("remote: vLLM at http://..., model X"); static/remote.js does the rest.
     if (what) what.textContent = lab.backend ? "· " + lab.backend : "· " + lab.model + " · " + lab.device + " · " + lab.dtype;
     $("#status-dot").className = "dot " + lab.status;
+    // What the engine runs on this machine and why; why it cannot serve, when it cannot.
+    const strip = $("#engine-strip"), e = lab.engine;
+    if (strip && e) strip.textContent = "engine: " + e.dtype + " (" + e.dtype_reason + "); linear " + e.linear +
+      ", attention " + e.attention + ", " + e.threads + " threads · " + e.hardware;
+    const problem = $("#problem-banner");
+    if (problem && lab.problem !== undefined) {
+      problem.hidden = !lab.problem;
+      problem.textContent = lab.problem ? "Cannot serve: " + lab.problem : "";
+    }
     if ($("#live-status")) {
       $("#live-status").textContent = lab.status;
       $("#live-replicas").textContent = lab.levers.gpu_count / lab.levers.tensor_parallel;

@@ -31,7 +31,9 @@ class ServerProcess:
         timeout: float = 240.0,
         command: tuple[str, ...] = ("-m", "engine", "serve"),
         env: dict[str, str] | None = None,
+        wait_ready: bool = True,
     ) -> None:
+        """wait_ready=False: return once the server answers at all (a fleet that cannot serve)."""
         self.port = free_port()
         env = {**os.environ, "PYTHONPATH": str(ROOT), "SERVELAB_API_KEYS": api_keys, **(env or {})}
         self.log = open(ROOT / "tests" / f".server-{self.port}.log", "w")  # noqa: SIM115 - closed in stop()
@@ -48,7 +50,7 @@ class ServerProcess:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log_text()}")
             try:
                 status, _ = self.request("GET", "/ready")
-                if status == 200:
+                if status == 200 or not wait_ready:
                     return
             except OSError:
                 pass

@@ -23,6 +23,7 @@ class FakeFleet:
         self.queued, self.slot_util, self.kv_util = 0, 0.0, 0.0
         self.warm_pool: int | None = None
         self.provision_delay_s: float | None = None
+        self.unservable: str | None = None
 
     def snapshot(self) -> dict[str, Any]:
         slots = 100 * max(1, self.ready)
@@ -87,6 +88,17 @@ def test_a_spike_scales_up_within_the_short_window() -> None:
     assert decision.delta == 3  # 38 queued at 10 a replica wants 4: three more
     event = fleet.events.recent("scale")[-1]
     assert event["message"].startswith("queue depth 38 > 10 for 5 s: +3") and event["delta"] == 3
+
+
+def test_an_unservable_fleet_is_not_ordered_replicas() -> None:
+    """Below min_replicas and under pressure, but no replica can load here: nothing is ordered."""
+    fleet = FakeFleet(VirtualClock(), ready=0)
+    fleet.unservable = "model: the weights file is missing"
+    auto = scaler(fleet)
+    assert play(auto, fleet, 20, queued=38) == []
+    fleet.unservable = None  # a new configuration: the floor is restored at once
+    (_, decision), *_ = play(auto, fleet, 1, queued=38)
+    assert decision.delta >= 1
 
 
 def test_the_reason_counts_replicas_already_starting() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, machine
 from engine.kernels import cpu_attention
 
 # Nats between the torch path's best two logprobs. On these prompts the two paths' logprobs of the
@@ -65,8 +65,20 @@ def test_bf16_compiled_forward_matches_torch_where_the_margin_is_clear(llm: LLM,
     reference = generate(llm, "torch", refs)
     compiled = LLM(dtype="bfloat16", prefix_caching=False, compile=True)
     assert compiled.engine.model is not None and compiled.engine.model.compiled_forward is not None
-    assert compiled.engine.model.packed_lm_head is not None  # the prepacked linear is what is tested
+    # the prepacked linear is what is tested, where oneDNN runs bf16 on this CPU (tier avx512 and up)
+    assert (compiled.engine.model.packed_lm_head is not None) == machine.cpu().onednn_bf16
     assert_clear_tokens_match(refs, reference, generate(compiled, "cpu", refs))
+
+
+def test_bf16_greedy_matches_fp32_where_the_margin_is_clear(
+    llm: LLM, llm_fp32: LLM, hf_reference: dict[str, Any]
+) -> None:
+    """Explicit bf16 runs correctly on every CPU: natively (AMX, AVX512-BF16), on oneDNN's
+    emulation (AVX-512), or on torch's own bf16 matmul where oneDNN has none (AVX2: `make test`
+    runs this file a second time with SERVELAB_CPU_ISA=avx2). Its greedy tokens are fp32's
+    wherever fp32's own top-2 margin is clear."""
+    refs = recorded(hf_reference)
+    assert_clear_tokens_match(refs, generate(llm_fp32, "cpu", refs), generate(llm, "cpu", refs))
 
 
 def assert_clear_tokens_match(refs: list[dict[str, Any]], reference: list[Any], op: list[Any]) -> None:

@@ -1,10 +1,11 @@
 """The batch_invariant row of /failures (issue 15, part B) on the real model: the same prompt alone
-and inside a full batch. Off, its logits differ bitwise (oneDNN's bf16 GEMM here blocks M > 32
-rows differently from M <= 32, so a token's reduction order depends on how many tokens share its
-step); on, every matmul runs in fixed tiles of 32 rows and the logits are bitwise identical, and
-no greedy generation changes a token between alone and batched. bench/batch_invariance.py counts
-the changed generations over 100 prompts and measures what the lever costs. Both dtypes: MKL's
-fp32 GEMM depends on M at almost every size, and fixed 32-row tiles fix it too."""
+and inside a full batch. Off, its logits differ bitwise: a long decode alone is split over its
+keys (few work items: the attention op cuts it so every thread has work) and merged, inside a
+full batch it is not, on every CPU; and where the GEMM blocks rows by M (oneDNN's bf16 kernel on
+AMX past 32 rows, MKL's fp32 one at almost every M) its prefill differs too. On, every matmul
+runs in fixed tiles of 32 rows and no decode is split: the logits are bitwise identical, and no
+greedy generation changes a token between alone and batched. bench/batch_invariance.py counts
+the changed generations over 100 prompts and measures what the lever costs."""
 
 from __future__ import annotations
 
@@ -20,22 +21,25 @@ PROMPTS = [
     f"Question {i}: in one sentence, what is special about the number {i * 7} and the colour {colour}?"
     for i, colour in zip(range(BATCH), ["red", "blue", "green", "teal"] * 4)
 ]
+# A context past 512 tokens: alone, its decode is split over keys in two (engine/kernels/csrc).
+LONG = " ".join(f"Day {i}: the weather was mild and the market sold {i * 3} baskets of apples." for i in range(40))
 
 
-def first_logits(engine: LLMEngine, prompts: list[str], tag: str) -> torch.Tensor:
-    """The raw logits (the model's dtype) of prompts[0]'s first sampled token, run with all of prompts in one batch."""
+def token_logits(engine: LLMEngine, prompts: list[str], tag: str, nth: int = 0) -> torch.Tensor:
+    """The raw logits (the model's dtype) of prompts[0]'s nth sampled token (0: from its prefill,
+    1: its first decode), run with all of prompts in one batch."""
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
     for request_id, text in zip(ids, prompts):
-        engine.add_request(request_id, text, SamplingParams(temperature=0, max_tokens=1))
-    found: torch.Tensor | None = None
+        engine.add_request(request_id, text, SamplingParams(temperature=0, max_tokens=nth + 1, ignore_eos=True))
+    seen: list[torch.Tensor] = []
     while engine.has_work():
         engine.step()
         assert engine.runner.last_logits is not None
         rows, logits = engine.runner.last_logits
-        if ids[0] in rows and found is None:
-            found = logits[rows.index(ids[0])].clone()
-    assert found is not None
-    return found
+        if ids[0] in rows:
+            seen.append(logits[rows.index(ids[0])].clone())
+    assert len(seen) == nth + 1
+    return seen[nth]
 
 
 def changed_generations(llm: LLM, prompts: list[str], max_tokens: int) -> int:
@@ -52,15 +56,17 @@ def test_batch_invariant_logits_alone_and_in_a_full_batch(invariant: bool, dtype
     llm = LLM(batch_invariant=invariant, dtype=dtype, max_num_seqs=BATCH, kv_budget_mb=64, num_threads=1)
     try:
         engine = llm.engine
-        alone = first_logits(engine, PROMPTS[:1], f"alone-{invariant}")
-        in_batch = first_logits(engine, PROMPTS, f"batch-{invariant}")
-        assert alone.dtype == in_batch.dtype and alone.shape == in_batch.shape  # the model's dtype
-        if invariant:
-            assert torch.equal(alone, in_batch)  # bitwise
-            if dtype == "bfloat16":  # the default; the bench counts over 100 prompts
-                assert changed_generations(llm, PROMPTS[:6], 8) == 0
-        else:  # the failure, shown real on this machine (bf16 differs by up to 0.25 here, fp32 by ~2e-5)
-            assert not torch.equal(alone, in_batch)
+        prompts = [LONG, *PROMPTS[1:]]
+        for nth in (0, 1):  # the prefill's token, then a long decode's
+            alone = token_logits(engine, prompts[:1], f"alone-{invariant}-{nth}", nth)
+            in_batch = token_logits(engine, prompts, f"batch-{invariant}-{nth}", nth)
+            assert alone.dtype == in_batch.dtype and alone.shape == in_batch.shape  # the model's dtype
+            if invariant:
+                assert torch.equal(alone, in_batch), nth  # bitwise
+            elif nth == 1:  # the failure, real on every CPU (the split decode); the prefill only where the GEMM shows it
+                assert not torch.equal(alone, in_batch)
+        if invariant and dtype == "bfloat16":  # the bench counts over 100 prompts
+            assert changed_generations(llm, PROMPTS[:6], 8) == 0
         assert not engine.has_work() and engine.kv.num_used_blocks == 0
     finally:
         llm.engine.close()

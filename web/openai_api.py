@@ -70,15 +70,27 @@ def _unexpected(err: Exception) -> Response:
     return error_response(ServingError(500, "internal server error", None, "internal_error"))
 
 
+def _engine(f: Fleet) -> dict[str, Any] | None:
+    """What the engine runs on this machine and why (dtype, linear and attention paths, threads)."""
+    plan = f.engine_plan
+    return plan.to_json() if plan is not None else None
+
+
 @api.get("/health")
 def health() -> Response:
-    return Response(json.dumps({"status": "ok"}), mimetype="application/json")
+    """200 while the server can serve (or is still loading); 503 once no replica can load here,
+    with the reason: a restart of the same configuration would fail the same way."""
+    f = fleet()
+    body: dict[str, Any] = {"status": "ok" if f.unservable is None else "failed", "engine": _engine(f)}
+    if f.unservable is not None:
+        body["error"] = f.unservable
+    return Response(json.dumps(body), status=200 if f.unservable is None else 503, mimetype="application/json")
 
 
 @api.get("/ready")
 def ready() -> Response:
     f = fleet()
-    body = {"ready": f.ready, "draining": f.draining, "replicas": f.replica_states()}
+    body = {"ready": f.ready, "draining": f.draining, "replicas": f.replica_states(), "error": f.unservable}
     return Response(json.dumps(body), status=200 if f.ready else 503, mimetype="application/json")
 
 
@@ -97,6 +109,7 @@ def models() -> Response:
             "created": 0,
             "owned_by": "servelab",
             "max_model_len": f.router.config.max_model_len,
+            "servelab_engine": _engine(f),  # dtype, paths and why, on this machine
         }
     ]
     return Response(json.dumps({"object": "list", "data": data}), mimetype="application/json")

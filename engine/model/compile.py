@@ -81,6 +81,12 @@ def warm_shapes(
             torch.tensor([0, max_tokens], dtype=i32),
             kv_caches,
         )
+    warm_linears(model, max_rows)
+
+
+@torch.inference_mode()
+def warm_linears(model: Llama, max_rows: int) -> None:
+    """The linears (and the logits) at every row count from 1 to max_rows: a decode step's shapes."""
     layer = model.layers[0]
     for rows in range(1, max_rows + 1):
         for name in ("qkv", "o", "gate_up", "down"):

@@ -105,6 +105,7 @@ class Scalable(Protocol):
 
     events: EventLog
     defences: Defences  # read at each decision: the lab changes it in place
+    unservable: str | None  # set: no replica can load here; the autoscaler orders nothing
     warm_pool: int | None
     provision_delay_s: float | None
 
@@ -209,6 +210,8 @@ class Autoscaler:
     def tick(self) -> Decision | None:
         """Read the fleet, decide, act, and tell the live stream why."""
         with self._lock:
+            if self.fleet.unservable is not None:  # the fleet said why, once; ordering cannot help
+                return None
             decision = self.decide(Signals.from_snapshot(self.fleet.snapshot()))
             if decision is None:
                 return None

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
+
+from engine.machine import affinity
 
 
 def split_cores(num_replicas: int) -> list[list[int]]:
     """Each replica gets its share of this process's cores (they share when there are fewer)."""
-    cores = sorted(os.sched_getaffinity(0))
+    cores = affinity()
     if num_replicas >= len(cores):
         return [[cores[i % len(cores)]] for i in range(num_replicas)]
     per = len(cores) // num_replicas
@@ -17,7 +18,7 @@ def split_cores(num_replicas: int) -> list[list[int]]:
 
 def spare_cores(held: Iterable[list[int]]) -> list[int]:
     """The least-used core, for a replica started beside the others (they share when few)."""
-    use = dict.fromkeys(sorted(os.sched_getaffinity(0)), 0)
+    use = dict.fromkeys(affinity(), 0)
     for cores in held:
         for core in cores:
             use[core] = use.get(core, 0) + 1

@@ -16,6 +16,7 @@ from typing import Any
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
 from engine.levers import LEVERS
+from engine.machine import EnginePlan
 from engine.model.gguf_file import context_length
 from engine.model.paths import DEFAULT_MODEL_NAME, default_gguf_path
 from engine.model.tokenizer import ChatTokenizer, load_tokenizer
@@ -113,6 +114,9 @@ class Fleet(Provisioning):
         self._last_states: dict[int, str] = {}
         self._failed_at: dict[int, float] = {}
         self.draining = False
+        # Why no replica can serve, when one failed in a way a restart repeats (a dtype this CPU
+        # cannot run, a missing model file): nothing more is ordered until the config changes.
+        self.unservable: str | None = None
         self._stopped = False
         self._drained = threading.Event()
         self._subscribers: list[Callable[[dict], None]] = []
@@ -144,12 +148,15 @@ class Fleet(Provisioning):
             while len(self.replicas) > count:
                 self.retire(self.replicas[-1])
             cores = split_cores(count)
-            while len(self.replicas) < count:
+            while len(self.replicas) < count and self.unservable is None:
                 self._start(cores[len(self.replicas)])
 
     def _start(self, cores: list[int], serve: bool = True) -> Any:
         """A new replica process: serving (the router sees it once ready), or into the warm pool
-        (no metrics until promoted, so idle pool replicas do not dilute the fleet's utilisation)."""
+        (no metrics until promoted, so idle pool replicas do not dilute the fleet's utilisation).
+        None while the fleet is unservable: the same config would fail the same way."""
+        if self.unservable is not None:
+            return None
         on_message = self.observe_replica if serve else None
         replica = self.replica_factory(self._next_id, self.engine_config, cores=cores, on_message=on_message)
         self._cores[replica.replica_id] = cores
@@ -185,6 +192,7 @@ class Fleet(Provisioning):
         drain, so requests already running finish on the config they started with."""
         with self._lock:
             self.engine_config = engine_config
+            self.unservable = None  # a new config may load where the old one could not
             self.router.config.block_size = engine_config.block_size
             old = list(self.replicas)
             for replica in old:
@@ -243,6 +251,7 @@ class Fleet(Provisioning):
                         replica=replica.replica_id,
                         state=replica.state,
                     )
+            self._note_unservable()
             now = self.clock.now()
             for replica in [r for r in self.replicas if r.state == ReplicaState.FAILED]:
                 # A failed replica (or shard group) stays on the charts a while, then leaves the set
@@ -263,6 +272,15 @@ class Fleet(Provisioning):
 
     def wait_ready(self, timeout: float = 300.0) -> bool:
         return all(r.wait_ready(timeout) for r in list(self.replicas))
+
+    @property
+    def engine_plan(self) -> EnginePlan | None:
+        """What the replicas run on this machine and why (the first that said so)."""
+        for replica in self.replicas + self.warm + self.retiring:
+            plan = getattr(replica, "plan", None)
+            if plan is not None:
+                return plan
+        return None
 
     @property
     def ready(self) -> bool:
@@ -310,10 +328,12 @@ class Fleet(Provisioning):
         a dashboard, or a ServeLab lab pointed at this server (issue 17), reads the block size
         and block count from it."""
         config = self.engine_config
+        plan = self.engine_plan  # "auto" resolved by the replicas
+        dtype = plan.dtype if plan is not None else config.dtype
         lines = ["# TYPE vllm:cache_config_info gauge"]
         for replica_id, stats in sorted(dict(self.bus.replica_stats).items()):
             labels = (
-                f'block_size="{config.block_size}",cache_dtype="{config.dtype}",'
+                f'block_size="{config.block_size}",cache_dtype="{dtype}",'
                 f'enable_prefix_caching="{config.prefix_caching}",engine="{replica_id}",'
                 f'num_gpu_blocks="{stats.get("kv_total_blocks", 0)}"'
             )

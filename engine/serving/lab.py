@@ -217,9 +217,12 @@ class LiveLab:
         return {key: self.levers[key] for key in AUTOSCALER_LEVERS} | {"min_replicas": fewest, "max_replicas": most}
 
     def _await_ready(self) -> None:
-        ok = self.fleet.wait_ready()
+        ok = self.fleet.wait_serving()
         self.status = "serving" if ok else "failed"
-        self.events.emit("replica", "all replicas ready" if ok else "a replica failed to start")
+        if ok:
+            self.events.emit("replica", "a replica is ready")
+        elif self.fleet.unservable is None:  # an unservable fleet has said why already
+            self.events.emit("replica", "no replica ready yet")
 
     # traffic ------------------------------------------------------------------------------------
 
@@ -286,10 +289,14 @@ class LiveLab:
     def live_state(self) -> dict[str, Any]:
         config = self.fleet.engine_config
         sim = self.sim
+        plan = self.fleet.engine_plan
         state = {
             "model": self.fleet.model_name,
             "device": config.device,
-            "dtype": config.dtype,
+            "dtype": plan.dtype if plan is not None else config.dtype,
+            # what the engine runs on this machine and why; why it cannot, when it cannot
+            "engine": plan.to_json() if plan is not None else None,
+            "problem": self.fleet.unservable,
             "devices": self.devices,
             "status": self.status,
             "levers": dict(self.current_levers),

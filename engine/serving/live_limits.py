@@ -4,10 +4,10 @@ allows, and the most a live flood and its lengths may ask."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from engine.errors import InvalidParamError
+from engine.machine import usable_cores
 
 LIVE_MODEL = "smollm2-135m"
 FLOOD_MAX_RATE = 200.0
@@ -41,7 +41,7 @@ def live_devices(device: str) -> int:
         import torch
 
         return torch.cuda.device_count()
-    return len(os.sched_getaffinity(0))
+    return usable_cores()
 
 
 def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, device: str = "cpu") -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.machine import EnginePlan
 from engine.sampling_params import SamplingParams
 from engine.sequence import RequestTimes
 from engine.step_record import StepRecord
@@ -87,6 +88,26 @@ class Heartbeat:
     step_started: float | None
 
 
+@dataclass(frozen=True)
+class ReplicaFailure:
+    """Why a replica failed. permanent: a restart with the same configuration on this machine
+    would fail the same way (a dtype the CPU cannot run, a missing model file, a kernel that does
+    not load), so the fleet stops ordering replicas and says so instead of retrying forever."""
+
+    reason: str
+    permanent: bool
+
+    @classmethod
+    def of_load_error(cls, exc: BaseException) -> ReplicaFailure:
+        """A load that raised: permanent unless a restart may heal it (memory others may free, a
+        tensor-parallel group that did not form): else the same config on the same machine runs
+        the same code and fails the same way."""
+        from engine.distributed import ShardGroupError
+
+        transient = isinstance(exc, (MemoryError, TimeoutError, ConnectionError, ShardGroupError))
+        return cls(str(exc) or type(exc).__name__, permanent=not transient)
+
+
 @dataclass
 class StepMessage:
     replica_id: int
@@ -96,3 +117,5 @@ class StepMessage:
     stats: dict[str, Any] = field(default_factory=dict)
     state: str = "ready"  # a ReplicaState (a StrEnum: messages stay plain strings once pickled)
     steps: list[StepRecord] = field(default_factory=list)  # the engine steps since the last message
+    failure: ReplicaFailure | None = None  # with state "failed"
+    plan: EnginePlan | None = None  # what the engine runs here, on the message that says it is ready

@@ -14,18 +14,23 @@ does not count replicas still starting as capacity orders far beyond need here).
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.clock import Clock
 from engine.serving.defences import Defences
 from engine.serving.driver import Driver
+from engine.serving.events import EventLog
 from engine.serving.metrics import MetricsBus
 from engine.serving.replica_api import SERVING, ReplicaState
 from engine.serving.router import Router
 
 if TYPE_CHECKING:
     from engine.serving.fleet import FleetConfig
+
+log = logging.getLogger("servelab.fleet")
 
 SCALE_COUNTERS = ("streams_cut_mid_stream", "scale_changes_total", "replicas_ordered_total")
 
@@ -57,9 +62,12 @@ class Provisioning:
     scale_changes_total: int
     replicas_ordered_total: int
     fleet_config: FleetConfig
+    unservable: str | None
+    events: EventLog
+    clock: Clock
 
     # Fleet's, used here: warm_pool and provision_delay_s (its FleetConfig's), _start(cores,
-    # serve), _spare_cores(), retire(replica), observe_replica(msg).
+    # serve), _spare_cores(), retire(replica), observe_replica(msg), ready, watch_once().
 
     # the autoscaler's actuator ------------------------------------------------------------------
 
@@ -67,6 +75,8 @@ class Provisioning:
         """Add `count` serving replicas: from the warm pool when it has any (loaded ones first),
         else cold starts after provision_delay_s; then refill the pool. Says what it did."""
         done = []
+        if self.unservable is not None:
+            return f"nothing ordered: {self.unservable}"
         with self._lock:
             self.replicas_ordered_total += max(0, count)
             self.scale_changes_total += count > 0
@@ -132,6 +142,33 @@ class Provisioning:
 
     # the warm pool and orders -------------------------------------------------------------------
 
+    # a fleet that cannot serve -----------------------------------------------------------------
+
+    def _note_unservable(self) -> None:
+        """A replica failed for good (ReplicaFailure.permanent): say so once, order nothing more."""
+        if self.unservable is not None:
+            return
+        failed = [r for r in self.replicas + self.warm if r.state == ReplicaState.FAILED and getattr(r, "permanent", False)]
+        if not failed:
+            return
+        self.unservable = failed[0].error or f"replica {failed[0].replica_id} failed to load"
+        for order in list(self.orders):
+            self._cancel(order)
+        log.error("cannot serve: %s (not retried: a restart would fail the same way)", self.unservable)
+        self.events.emit("replica", f"cannot serve: {self.unservable}; no replica is ordered until the configuration changes")
+
+    def wait_serving(self, timeout: float = 600.0) -> bool:
+        """Until a replica is ready (True), or the fleet cannot serve or the time is up (False).
+        The composition roots wait here: a live start-up, on wall time by design."""
+        pause = threading.Event()
+        deadline = self.clock.now() + timeout
+        while not self.ready and self.clock.now() < deadline and not self._stopped:
+            self.watch_once()
+            if self.unservable is not None:
+                return False
+            pause.wait(0.1)
+        return self.ready
+
     def set_warm_pool(self, count: int) -> None:
         with self._lock:
             self.fleet_config.warm_pool = count
@@ -144,7 +181,7 @@ class Provisioning:
     def _fill_pool(self) -> None:
         """Order pool replicas up to warm_pool, or let the extra ones go (orders first)."""
         pool_orders = [o for o in self.orders if o.pool]
-        for _ in range(self.warm_pool - len(self.warm) - len(pool_orders)):
+        for _ in range(0 if self.unservable is not None else self.warm_pool - len(self.warm) - len(pool_orders)):
             self._order(pool=True)
         excess = max(0, len(self.warm) + len(pool_orders) - self.warm_pool)
         for order in pool_orders[:excess]:

@@ -24,6 +24,7 @@ from typing import Any
 from engine.clock import WALL_CLOCK
 from engine.config import EngineConfig
 from engine.distributed import STEP_TIMEOUT_S
+from engine.machine import EnginePlan, set_affinity
 from engine.sampling_params import SamplingParams
 from engine.serving.messages import (
     AbortRequest,
@@ -31,6 +32,7 @@ from engine.serving.messages import (
     Drain,
     Heartbeat,
     Reconfigure,
+    ReplicaFailure,
     RequestError,
     StepMessage,
     Stop,
@@ -52,16 +54,19 @@ def replica_main(
     from engine.errors import InvalidParamError
     from engine.llm_engine import DEADLINE, LLMEngine
     from engine.memory import copy_bandwidth_gbs
+    from engine.warm_up import warm_up
 
     clock = WALL_CLOCK
     if cores:
-        os.sched_setaffinity(0, cores)
+        set_affinity(cores)  # Linux pins; macOS has no affinity call, only the thread count holds
         config = config.replace(num_threads=len(cores))
     outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.STARTING))
     try:
         engine = LLMEngine(config)
+        warm_up(engine)
     except Exception as exc:  # noqa: BLE001 - any load failure makes this replica failed
-        outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.FAILED, stats={"error": str(exc)}))
+        failure = ReplicaFailure.of_load_error(exc)
+        outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.FAILED, failure=failure))
         return
     engine.replica_id = replica_id
     # The loaded engine (torch's modules, the model) lives as long as the process: frozen, the
@@ -75,7 +80,7 @@ def replica_main(
         facts = {"max_num_seqs": engine.config.max_num_seqs, "pid": os.getpid(), "copy_gbs": bandwidth}
         return engine.stats() | facts
 
-    outbox.put(StepMessage(replica_id, clock.now(), stats=stats(), state=state))
+    outbox.put(StepMessage(replica_id, clock.now(), stats=stats(), state=state, plan=engine.plan))
     last_sent = clock.now()
     progress: dict[str, float | None] = {"step_started": None}
     threading.Thread(
@@ -122,9 +127,8 @@ def replica_main(
                 errors += [expired_error(out.request_id) for out in outputs if out.finish_reason == DEADLINE]
             except ShardGroupError as exc:  # a tensor-parallel rank hung or died: the group is gone
                 errors += [RequestError(rid, None, str(exc)) for rid in engine.requests]
-                outbox.put(
-                    StepMessage(replica_id, clock.now(), errors=errors, stats={"error": str(exc)}, state=ReplicaState.FAILED)
-                )
+                failure = ReplicaFailure(str(exc), permanent=False)  # a fresh group may well hold
+                outbox.put(StepMessage(replica_id, clock.now(), errors=errors, state=ReplicaState.FAILED, failure=failure))
                 return
             progress["step_started"] = None
         if state == ReplicaState.DRAINING and not engine.has_work():
@@ -222,6 +226,8 @@ class ReplicaHandle:
         self.state = ReplicaState.STARTING
         self.stats: ReplicaStats | None = None  # the latest step's, once it reports
         self.error: str | None = None
+        self.permanent = False  # its failure would repeat on a restart (ReplicaFailure.permanent)
+        self.plan: EnginePlan | None = None  # what it runs, once ready
         self.num_token_messages = 0  # step messages that carried tokens
         self._inbox = ctx.Queue()
         self._outbox = ctx.Queue()
@@ -353,8 +359,10 @@ class ReplicaHandle:
                     events.put(error)
             if msg.stats:
                 self.stats = ReplicaStats.from_dict(msg.stats)
-            if msg.state == ReplicaState.FAILED:
-                self.error = msg.stats.get("error")
+            if msg.plan is not None:
+                self.plan = msg.plan
+            if msg.failure is not None:
+                self.error, self.permanent = msg.failure.reason, msg.failure.permanent
             if not (self.state == ReplicaState.DRAINING and msg.state == ReplicaState.READY):
                 self.state = ReplicaState(msg.state)
         if msg.state in (ReplicaState.READY, *ENDED):
@@ -382,7 +390,7 @@ class ReplicaHandle:
             self._streaming.clear()
         for request_id, events in streams.items():
             events.put(RequestError(request_id, None, reason))
-        if state == ReplicaState.FAILED:
+        if state == ReplicaState.FAILED and not self.permanent:  # a permanent one: the fleet says it, once
             log.warning(reason)
         self._ready.set()
         self._ended.set()

@@ -17,7 +17,10 @@ from typing import Any
 
 from werkzeug.serving import WSGIRequestHandler, make_server
 
+from engine import machine
 from engine.config import EngineConfig
+from engine.errors import InvalidParamError
+from engine.machine import MachineError
 from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
 from engine.serving.proxy import VIA
@@ -30,7 +33,6 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
     from web import create_api_app
 
     keys = [k for k in os.environ.get("SERVELAB_API_KEYS", "").split(",") if k]
-    engine_config = EngineConfig(**levers)
     router_config = RouterConfig(
         queue_cap=args.queue_cap,
         deadline_s=args.deadline_s,
@@ -38,7 +40,13 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
         api_keys=keys,
     )
     defences = Defences(**{key: getattr(args, key) for key in Defences.names()})
-    fleet = Fleet(engine_config, router_config, FleetConfig(args.replicas, args.drain_timeout_s), defences=defences)
+    try:  # what no replica could get past is refused here, in one line
+        machine.cpu()
+        engine_config = EngineConfig(**levers)
+        fleet = Fleet(engine_config, router_config, FleetConfig(args.replicas, args.drain_timeout_s), defences=defences)
+    except (InvalidParamError, MachineError) as err:
+        log.error("cannot serve: %s", err)
+        return 2
     log.info(
         "API keys: %s",
         "required (SERVELAB_API_KEYS)" if keys else "none: the API is open (localhost classroom default)",
@@ -86,9 +94,12 @@ def serve_app(
         server.port,
         len(fleet.replicas),
     )
-    if not fleet.wait_ready():
-        log.error("a replica failed to start")
-    log.info("ready")
+    # "ready" is said only when a replica is; a fleet that cannot serve has said why, once.
+    if fleet.wait_serving():
+        plan = fleet.engine_plan
+        log.info("ready%s", f": {plan.summary()}" if plan is not None else "")
+    elif fleet.unservable is None:
+        log.error("no replica ready yet; still trying")
     freeze_startup_heap()
     try:
         server.serve_forever()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -360,7 +361,9 @@ def lower_this_threads_priority() -> None:
     a simulation that takes a core from one of them for a moment stalls the whole step (measured:
     a 64-GPU fleet streaming to one browser made the live decode step 1.71x as long at nice 0).
     Under live load the simulation runs slower than asked, and achieved_speed shows it."""
+    if sys.platform != "linux":  # macOS's setpriority takes a process id: a thread id could renice another
+        return
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # not Linux, or not permitted: run at the normal priority
+    except OSError:  # not permitted: run at the normal priority
         pass
