@@ -1,6 +1,6 @@
 """The sampled pick: each random row is one uniform draw through the inverse of its CDF, in the
-C++ op (both its AVX-512 and scalar routines) and in torch, checked against a float64 CDF; the
-Sampler's seeds, temperatures and filters on top of it."""
+C++ op (its routines for this CPU's tier, AVX2 and scalar) and in torch, checked against a float64
+CDF; the Sampler's seeds, temperatures and filters on top of it."""
 
 from __future__ import annotations
 
@@ -9,21 +9,24 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine import machine
 from engine.kernels import cpu_attention, cpu_build
 from engine.sampler import CANDIDATES, Sampler, _filtered_draw, draw_torch, filter_rows
 from engine.sampling_params import SamplingParams
 
-PICKS = ["torch", "simd", "scalar"]
+# The op's routines: this CPU's best (None), the 8-lane ones (x86: AVX2), scalar.
+OP_PICKS: list[str | None] = [None, "avx2" if machine.cpu().arch == "x86_64" else "neon", "scalar"]
+PICKS = ["torch", *OP_PICKS]
 
 
-def pick(kind: str, logits: torch.Tensor, inv_temps: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def pick(kind: str | None, logits: torch.Tensor, inv_temps: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     if kind == "torch":
         return draw_torch(logits, inv_temps, uniforms)
     if not cpu_attention.available():
         if cpu_build.compiler() is None:
             pytest.skip("no C++ compiler: the op cannot be built here")
         pytest.fail("the C++ op is not built: run `make kernels`")
-    return cpu_attention.sample_pick(logits, inv_temps, uniforms, simd=kind == "simd")
+    return cpu_attention.sample_pick(logits, inv_temps, uniforms, isa=kind)
 
 
 def assert_inverts_cdf(
@@ -40,7 +43,7 @@ def assert_inverts_cdf(
         assert probs[b, j] > 0
 
 
-@pytest.mark.parametrize("kind", PICKS)
+@pytest.mark.parametrize("kind", PICKS, ids=str)
 @settings(max_examples=25, deadline=None)
 @given(
     rows=st.integers(1, 9),
@@ -50,7 +53,7 @@ def assert_inverts_cdf(
     seed=st.integers(0, 2**31 - 1),
 )
 def test_the_pick_inverts_the_cdf(
-    kind: str, rows: int, vocab: int, temperature: float, masked: float, seed: int
+    kind: str | None, rows: int, vocab: int, temperature: float, masked: float, seed: int
 ) -> None:
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, vocab, generator=gen) * 4
@@ -63,8 +66,8 @@ def test_the_pick_inverts_the_cdf(
     assert_inverts_cdf(logits, inv_temps, uniforms, got)
 
 
-@pytest.mark.parametrize("kind", PICKS)
-def test_evenly_spaced_draws_reproduce_the_distribution(kind: str) -> None:
+@pytest.mark.parametrize("kind", PICKS, ids=str)
+def test_evenly_spaced_draws_reproduce_the_distribution(kind: str | None) -> None:
     """n draws at u = (k + 1/2) / n land on each token n * p times, to one draw."""
     n = 4000
     row = torch.tensor([2.0, -1.0, 0.5, float("-inf"), 3.0, 0.0, -3.0, 1.5])
@@ -77,8 +80,8 @@ def test_evenly_spaced_draws_reproduce_the_distribution(kind: str) -> None:
     assert (counts - expected).abs().max() <= 1.0 + 1e-9, (counts, expected)
 
 
-@pytest.mark.parametrize("kind", ["simd", "scalar"])
-def test_bf16_logits_are_read_as_they_are(kind: str) -> None:
+@pytest.mark.parametrize("kind", OP_PICKS, ids=str)
+def test_bf16_logits_are_read_as_they_are(kind: str | None) -> None:
     gen = torch.Generator().manual_seed(3)
     logits = (torch.randn(16, 49152, generator=gen) * 3).bfloat16()
     inv_temps = torch.ones(16)
@@ -88,8 +91,8 @@ def test_bf16_logits_are_read_as_they_are(kind: str) -> None:
     assert_inverts_cdf(logits.float(), inv_temps, uniforms, got)
 
 
-@pytest.mark.parametrize("kind", ["simd", "scalar"])
-def test_a_nan_row_answers_its_first_nan_and_others_are_untouched(kind: str) -> None:
+@pytest.mark.parametrize("kind", OP_PICKS, ids=str)
+def test_a_nan_row_answers_its_first_nan_and_others_are_untouched(kind: str | None) -> None:
     logits = torch.zeros(3, 40)
     logits[1, 17] = logits[1, 30] = float("nan")
     uniforms = torch.tensor([0.99, 0.5, 0.01], dtype=torch.float64)

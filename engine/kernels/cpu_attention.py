@@ -6,6 +6,10 @@ torch.compile keeps them as opaque ops.
 
 The library is built by `make kernels` (engine/kernels/cpu_build.py), never here: when it is not
 there, or SERVELAB_CPU_KERNELS=0, available() is False and the dispatcher runs the torch path.
+
+Which routines the op runs (scalar, AVX2, AVX-512, AMX; ARM64: scalar) follows the process's CPU
+tier, engine.machine.cpu().tier, which the op probes itself (csrc/cpu_isa.h) under the same
+SERVELAB_CPU_ISA cap; an `isa` argument caps one call further (tests, benches).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import functools
 import os
 
 import torch
+
+from engine import machine
 
 # Query chunks of at least this many tokens leave the op's own loops for a GEMM path: AMX tiles
 # (prefill_amx.cpp) on a CPU that has them, bf16, from AMX_FROM tokens; else torch's CPU flash
@@ -48,7 +54,7 @@ def _register_fakes() -> None:
         return x.new_empty(*x.shape[:-1], out_features)
 
     @torch.library.register_fake("servelab::greedy_pick")
-    def _(logits: torch.Tensor) -> torch.Tensor:
+    def _(logits: torch.Tensor, *_: object) -> torch.Tensor:
         return logits.new_empty(logits.shape[0], dtype=torch.long)
 
     @torch.library.register_fake("servelab::sample_pick")
@@ -61,6 +67,22 @@ def _register_fakes() -> None:
         return None
 
 
+def cpu_isa() -> str:
+    """The tier the op runs at in this process, as it probed it (engine.machine.cpu().tier's name)."""
+    return str(torch.ops.servelab.cpu_isa())
+
+
+def isa_index(isa: str | None) -> int:
+    """The op's `isa` argument for a tier name: its index in this architecture's tiers (the op runs
+    the lower of it and its own tier); None: -1, the process's tier."""
+    if isa is None:
+        return -1
+    tiers = machine.X86_TIERS if machine.cpu().arch == "x86_64" else machine.ARM_TIERS
+    if isa not in tiers:
+        raise ValueError(f"isa={isa!r}: this CPU's tiers are {', '.join(tiers)}")
+    return tiers.index(isa)
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -70,24 +92,24 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float,
     split_tokens: int = 0,
-    simd: bool = True,
+    isa: str | None = None,
     sdpa_from: int | None = None,
     amx: bool | None = None,
 ) -> torch.Tensor:
     """Varlen attention over the paged cache. q [T, H, D] holds each sequence's last query tokens,
     sequence b's at rows query_start_loc[b]:query_start_loc[b+1]; seq_lens[b] counts its tokens
     including those; block_tables [B, max_blocks]; metadata int32. Returns [T, H, D].
-    split_tokens: the fewest keys per split-KV part (0: the op's default); simd=False forces the
-    scalar routines (tests); sdpa_from: chunks of at least this many tokens take the GEMM path
+    split_tokens: the fewest keys per split-KV part (0: the op's default); isa: run no routines
+    above this tier ("scalar", "avx2", ...: tests, benches; None: the process's); sdpa_from:
+    chunks of at least this many tokens take the GEMM path
     (0: never; None: long_chunk_path's); amx=False: that path is torch's SDPA even where AMX tiles
     could take it (tests, benches); None: has_amx()."""
     if amx is None:
         amx = has_amx()
     if sdpa_from is None:
         sdpa_from = long_chunk_path(q.dtype, q.shape[-1])[0] if amx else SDPA_FROM
-    return torch.ops.servelab.paged_attention(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, sdpa_from, amx
-    )
+    args = (q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, isa_index(isa))
+    return torch.ops.servelab.paged_attention(*args, sdpa_from, amx)
 
 
 def linear_prepacked(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
@@ -114,19 +136,20 @@ def long_chunk_path(dtype: torch.dtype, head_dim: int) -> tuple[int, bool]:
     return SDPA_FROM, False
 
 
-def greedy_pick(logits: torch.Tensor) -> torch.Tensor:
-    """Row-wise argmax of CPU logits [B, V] (float32 or bfloat16), as torch.max(dim).indices."""
-    return torch.ops.servelab.greedy_pick(logits.contiguous())
+def greedy_pick(logits: torch.Tensor, isa: str | None = None) -> torch.Tensor:
+    """Row-wise argmax of CPU logits [B, V] (float32 or bfloat16), as torch.max(dim).indices.
+    isa: as paged_attention's."""
+    return torch.ops.servelab.greedy_pick(logits.contiguous(), isa_index(isa))
 
 
 def sample_pick(
-    logits: torch.Tensor, inv_temperature: torch.Tensor, uniforms: torch.Tensor, simd: bool = True
+    logits: torch.Tensor, inv_temperature: torch.Tensor, uniforms: torch.Tensor, isa: str | None = None
 ) -> torch.Tensor:
     """One draw per row of CPU logits [B, V] (float32 or bfloat16) from softmax(logits *
     inv_temperature[b]), by inverting the row's CDF at uniforms[b] (float64 in [0, 1)).
-    simd=False: the scalar routine (tests)."""
+    isa: as paged_attention's."""
     return torch.ops.servelab.sample_pick(
-        logits.contiguous(), inv_temperature.float().contiguous(), uniforms.double().contiguous(), simd
+        logits.contiguous(), inv_temperature.float().contiguous(), uniforms.double().contiguous(), isa_index(isa)
     )
 
 

@@ -18,14 +18,32 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "ops_cpu.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "prefill_amx.cpp", CSRC / "token_pick.cpp"]
-HEADERS = [CSRC / "paged_attention_loops.h", CSRC / "prefill_amx.h", CSRC / "token_pick.h", CSRC / "simd_exp.h"]
+SOURCES = [
+    CSRC / "ops_cpu.cpp",
+    CSRC / "cpu_isa.cpp",
+    CSRC / "paged_attention_cpu.cpp",
+    CSRC / "attention_avx2.cpp",
+    CSRC / "prefill_amx.cpp",
+    CSRC / "token_pick.cpp",
+]
+HEADERS = [
+    CSRC / "cpu_isa.h",
+    CSRC / "attention_kernels.h",
+    CSRC / "paged_attention_loops.h",
+    CSRC / "prefill_amx.h",
+    CSRC / "token_pick.h",
+    CSRC / "simd_exp.h",
+]
 ROOT = Path(__file__).resolve().parents[2] / ".cache" / "kernels"
-# The AVX-512 routines carry their own target attribute and are picked at run time; the rest is
-# plain x86-64, so the library runs (on its scalar path) on any CPU of this architecture.
+# The AVX2, AVX-512 and AMX routines carry their own target attribute and are picked at run time
+# by the process's tier (csrc/cpu_isa.h); the rest is plain x86-64 (or ARM64), so the library runs,
+# on its scalar path at least, on any CPU of its architecture.
 # -fopenmp: at::parallel_for is a header template whose `#pragma omp parallel` compiles away
 # without it, and the op then runs on one thread whatever torch.get_num_threads() says.
-CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-unused-function", "-fopenmp"]
+# Apple clang has no -fopenmp (torch's macOS wheel brings libomp, but no header to build against):
+# there the op's loops run on the calling thread. Not run on a Mac here (README: Every machine).
+OPENMP = [] if sys.platform == "darwin" else ["-fopenmp"]
+CFLAGS = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-unused-function", *OPENMP]
 
 
 def source_key() -> str:

@@ -9,11 +9,13 @@
 
 #include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
-#include "token_pick.h"
+#include "cpu_isa.h"
 #include "paged_attention_loops.h"
 #include "prefill_amx.h"
+#include "token_pick.h"
 
 namespace {
 
@@ -56,15 +58,17 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
   TORCH_CHECK(qsl.numel() == seq_lens.numel() + 1, "query_start_loc has B + 1 entries");
 }
 
-// Writes into out ([T, H, D], poisoned by the tests, so every element must be written).
+// Writes into out ([T, H, D], poisoned by the tests, so every element must be written). isa caps
+// the routines to a tier (cpu_isa.h; -1: the process's own), AMX tiles included.
 void paged_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                          const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                         const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd,
+                         const at::Tensor& query_start_loc, double scale, int64_t split_tokens, int64_t isa,
                          int64_t sdpa_from, bool amx) {
   check_inputs(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc);
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.stride(2) == 1,
               "out must be like q");
   if (split_tokens <= 0) split_tokens = kSplitTokens;
+  const int tier = servelab::isa_cap(isa);
   const int32_t* qsl = query_start_loc.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   std::vector<bool> done(seq_lens.size(0), false);
@@ -74,22 +78,22 @@ void paged_attention_out(at::Tensor& out, const at::Tensor& q, const at::Tensor&
     long_chunks.push_back(s);
     done[s] = true;
   }
-  if (amx && !long_chunks.empty() && servelab::amx_prefill_fits(q)) {
+  if (amx && tier >= servelab::kAmx && !long_chunks.empty() && servelab::amx_prefill_fits(q)) {
     servelab::amx_prefill(q, k_cache, v_cache, block_tables, lens, qsl, long_chunks, scale, out);
   } else {
     for (const int64_t s : long_chunks)
       prefill_with_sdpa(q, k_cache, v_cache, block_tables[s], lens[s], qsl[s], qsl[s + 1] - qsl[s], scale, out);
   }
-  servelab::attention_loops(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd,
+  servelab::attention_loops(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, tier,
                             done, out);
 }
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                           const at::Tensor& query_start_loc, double scale, int64_t split_tokens, bool simd,
+                           const at::Tensor& query_start_loc, double scale, int64_t split_tokens, int64_t isa,
                            int64_t sdpa_from, bool amx) {
   at::Tensor out = at::empty_like(q, at::MemoryFormat::Contiguous);
-  paged_attention_out(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd,
+  paged_attention_out(out, q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, isa,
                       sdpa_from, amx);
   return out;
 }
@@ -127,7 +131,7 @@ void store_kv(const at::Tensor& k, const at::Tensor& v, at::Tensor& k_cache, at:
   }
 }
 
-bool has_simd() { return servelab::has_avx512(); }
+std::string cpu_isa() { return servelab::isa_name(servelab::cpu_isa()); }
 
 // oneDNN's prepacked linear (mkldnn::_linear_pointwise) as an op of this library, so that the
 // compiled forward reaches it through the dispatcher alone: the Python custom op that wrapped it
@@ -146,17 +150,17 @@ at::Tensor linear_prepacked(const at::Tensor& x, const at::Tensor& packed, int64
 TORCH_LIBRARY(servelab, m) {
   m.def(
       "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
-      "Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64, bool amx=True) -> Tensor");
+      "Tensor query_start_loc, float scale, int split_tokens=0, int isa=-1, int sdpa_from=64, bool amx=True) -> Tensor");
   m.def(
       "paged_attention_out(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-      "Tensor seq_lens, Tensor query_start_loc, float scale, int split_tokens=0, bool simd=True, int sdpa_from=64, "
+      "Tensor seq_lens, Tensor query_start_loc, float scale, int split_tokens=0, int isa=-1, int sdpa_from=64, "
       "bool amx=True) -> ()");
   m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
-  m.def("has_simd", &has_simd);
+  m.def("cpu_isa", &cpu_isa);  // the tier's name, as engine.machine.cpu().tier
   m.def("has_amx", &servelab::amx_available);
   m.def("linear_prepacked(Tensor x, Tensor packed, int out_features) -> Tensor");
-  m.def("greedy_pick(Tensor logits) -> Tensor");
-  m.def("sample_pick(Tensor logits, Tensor inv_temperature, Tensor uniforms, bool simd=True) -> Tensor");
+  m.def("greedy_pick(Tensor logits, int isa=-1) -> Tensor");
+  m.def("sample_pick(Tensor logits, Tensor inv_temperature, Tensor uniforms, int isa=-1) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(servelab, CPU, m) {

@@ -9,13 +9,16 @@
 // fp32 with an online softmax. Long decodes with few work items are split over key ranges and
 // merged (split-KV). Items are pulled from an atomic counter by torch's own threads, largest first.
 //
-// The AVX-512 routines are compiled for that target only (a function attribute) and chosen at run
-// time; the scalar ones are the fallback on any other x86-64 CPU.
+// The AVX-512 routines here and the AVX2 ones (attention_avx2.cpp) are compiled for their target
+// only (a function attribute) and chosen at run time from the process's tier (cpu_isa.h); the
+// scalar ones are the fallback on any other CPU.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include "attention_kernels.h"
+#include "cpu_isa.h"
 #include "paged_attention_loops.h"
 #include "simd_exp.h"
 
@@ -37,23 +40,18 @@
 
 namespace {
 
+using servelab::attn::DecodeFn;
+using servelab::attn::FoldFn;
+using servelab::attn::Kernels;
+using servelab::attn::LoadFn;
+using servelab::attn::Rows;
+
 constexpr int64_t kTileTokens = 16;   // prefill query tokens per work item
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 inline float to_float(c10::Half x) { return static_cast<float>(x); }
-
-// The online-softmax state of R query rows: running max m, running sum l, unnormalised acc [R][D].
-struct Rows {
-  float* m;
-  float* l;
-  float* acc;
-};
-
-// Folds keys [0, n) of one block into each row's state; row r sees keys [0, visible[r]).
-using FoldFn = void (*)(const float* q, int64_t R, int64_t D, const float* k, const float* v, const int64_t* visible,
-                        float* scores, Rows rows);
 
 // ---- scalar fallback -------------------------------------------------------------------------
 
@@ -287,39 +285,6 @@ AVX512BF16 void decode_blocked_bf16(const float* /*q*/, const c10::BFloat16* q_r
 
 #endif  // SERVELAB_X86
 
-bool has_avx512() {
-#ifdef SERVELAB_X86
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  return yes;
-#else
-  return false;
-#endif
-}
-
-bool has_avx512bf16() {
-#ifdef SERVELAB_X86
-  static const bool yes = has_avx512() && __builtin_cpu_supports("avx512bf16");
-  return yes;
-#else
-  return false;
-#endif
-}
-
-template <typename T>
-using LoadFn = void (*)(const T*, int64_t, int64_t, int64_t, float*);
-
-// (q scaled in fp32, q as stored, scale, K block, K row stride, V block, V row stride, keys, scratch, rows)
-template <typename T>
-using DecodeFn = void (*)(const float*, const T*, float, const T*, int64_t, const T*, int64_t, int64_t, float*, Rows);
-
-template <typename T>
-struct Kernels {
-  LoadFn<T> load;
-  FoldFn fold;
-  DecodeFn<T> decode;  // null: decodes go through load + fold too
-};
-
 #ifdef SERVELAB_X86
 template <int NC>
 DecodeFn<c10::BFloat16> blocked_bf16_for_group(int64_t G) {
@@ -338,10 +303,10 @@ DecodeFn<c10::BFloat16> blocked_bf16_for_group(int64_t G) {
 
 // bf16 caches on a CPU with AVX512-BF16 and head_dim 64 or 128: the 16-keys-at-a-time decode.
 template <typename T>
-DecodeFn<T> blocked_decode(int64_t, int64_t) { return nullptr; }
+DecodeFn<T> blocked_decode(int64_t, int64_t, int) { return nullptr; }
 template <>
-DecodeFn<c10::BFloat16> blocked_decode<c10::BFloat16>(int64_t D, int64_t G) {
-  if (!has_avx512bf16()) return nullptr;
+DecodeFn<c10::BFloat16> blocked_decode<c10::BFloat16>(int64_t D, int64_t G, int isa) {
+  if (isa < servelab::kAvx512Bf16) return nullptr;
   return D == 64 ? blocked_bf16_for_group<4>(G) : D == 128 ? blocked_bf16_for_group<8>(G) : nullptr;
 }
 
@@ -361,20 +326,22 @@ DecodeFn<T> decode_for_group(int64_t G) {
 }
 #endif
 
+// isa: the tier whose routines may run (cpu_isa.h), already capped.
 template <typename T>
-Kernels<T> pick_kernels(int64_t D, int64_t G, bool allow_simd) {
+Kernels<T> pick_kernels(int64_t D, int64_t G, int isa) {
 #ifdef SERVELAB_X86
-  if (allow_simd && has_avx512() && D % 16 == 0 && D <= 256) {
+  if (isa >= servelab::kAvx512 && D % 16 == 0 && D <= 256) {
     static constexpr FoldFn folds[] = {fold_avx512<1>,  fold_avx512<2>,  fold_avx512<3>,  fold_avx512<4>,
                                        fold_avx512<5>,  fold_avx512<6>,  fold_avx512<7>,  fold_avx512<8>,
                                        fold_avx512<9>,  fold_avx512<10>, fold_avx512<11>, fold_avx512<12>,
                                        fold_avx512<13>, fold_avx512<14>, fold_avx512<15>, fold_avx512<16>};
     // The common head sizes (64, 128) get the register-resident decode path.
-    DecodeFn<T> decode = blocked_decode<T>(D, G);
+    DecodeFn<T> decode = blocked_decode<T>(D, G, isa);
     if (decode == nullptr)
       decode = D == 64 ? decode_for_group<T, 4>(G) : D == 128 ? decode_for_group<T, 8>(G) : nullptr;
     return {load_block_avx512<T>, folds[D / 16 - 1], decode};
   }
+  if (isa >= servelab::kAvx2 && D % 8 == 0) return servelab::attn::avx2_kernels<T>(D, G);
 #endif
   return {load_block_scalar<T>, fold_scalar, nullptr};
 }
@@ -564,7 +531,7 @@ void for_each_dynamic(int64_t n, int64_t num_threads, const Fn& fn) {
 template <typename T>
 void attention_typed(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& qsl, double scale,
-                     int64_t split_tokens, bool allow_simd, const std::vector<bool>& done, at::Tensor& out) {
+                     int64_t split_tokens, int isa, const std::vector<bool>& done, at::Tensor& out) {
   const int64_t H = q.size(1), D = q.size(2), kvh = k_cache.size(2), bs = k_cache.size(1);
   const int64_t num_threads = at::get_num_threads();
   Batch b = plan(seq_lens.data_ptr<int32_t>(), qsl.data_ptr<int32_t>(), seq_lens.size(0), kvh, bs, num_threads,
@@ -598,7 +565,7 @@ void attention_typed(const at::Tensor& q, const at::Tensor& k_cache, const at::T
             G,
             bs,
             static_cast<float>(scale)};
-  const Kernels<T> kern = pick_kernels<T>(D, G, allow_simd);
+  const Kernels<T> kern = pick_kernels<T>(D, G, isa);
   const std::vector<Item>& items = b.items;
   // One scratch per thread, made on first use by that thread.
   std::vector<std::unique_ptr<Scratch<T>>> scratch(num_threads);
@@ -615,22 +582,20 @@ void attention_typed(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 
 namespace servelab {
 
-bool has_avx512() { return ::has_avx512(); }
-
 void attention_loops(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                      const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                     double scale, int64_t split_tokens, bool simd, const std::vector<bool>& done, at::Tensor& out) {
+                     double scale, int64_t split_tokens, int isa, const std::vector<bool>& done, at::Tensor& out) {
   switch (q.scalar_type()) {  // fp32 accumulation for every input dtype (so no double)
     case at::kFloat:
-      attention_typed<float>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, simd, done, out);
+      attention_typed<float>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens, isa, done, out);
       break;
     case at::kBFloat16:
       attention_typed<c10::BFloat16>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens,
-                                     simd, done, out);
+                                     isa, done, out);
       break;
     case at::kHalf:
       attention_typed<c10::Half>(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, split_tokens,
-                                 simd, done, out);
+                                 isa, done, out);
       break;
     default:
       TORCH_CHECK(false, "paged_attention: float32, bfloat16 or float16, got ", q.scalar_type());

@@ -13,6 +13,7 @@
 // accumulators; tmm4 keys or values (the A operand), tmm5 queries or probabilities (B).
 
 #include "prefill_amx.h"
+#include "cpu_isa.h"
 
 #include <ATen/Parallel.h>
 
@@ -23,7 +24,6 @@
 #include <vector>
 
 #if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -262,16 +262,10 @@ struct Item {
 }  // namespace
 
 bool amx_available() {
-  static const bool ok = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool tile = d & (1u << 24), bf16_ops = d & (1u << 22);
-    const bool avx512bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
-    if (!tile || !bf16_ops || !avx512bf16) return false;
-    // Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }();
-  return ok;
+  if (cpu_isa() < kAmx) return false;  // the tier has AMX-BF16 and AVX512-BF16 (cpu_isa.h)
+  // Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
 }
 
 bool amx_prefill_fits(const at::Tensor& q) {

@@ -7,7 +7,7 @@
 
 namespace servelab {
 
-// The CPU has AMX-BF16 (and AVX-512 BF16), and Linux granted this process the tile state.
+// The process's tier is amx (cpu_isa.h: AMX-BF16 and AVX512-BF16), and Linux granted it the tile state.
 bool amx_available();
 
 // amx_prefill takes these: bf16, head_dim a multiple of 64, on an AMX CPU.
