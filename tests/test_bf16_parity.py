@@ -35,10 +35,14 @@ def llm() -> LLM:
 
 
 def generate(llm: LLM, impl: str, refs: list[dict[str, Any]]) -> list[Any]:
-    assert llm.engine.model is not None
-    llm.engine.model.attention_impl = impl  # type: ignore[assignment]  (the one switch)
-    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=2)
-    return llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in refs], params)
+    model = llm.engine.model
+    assert model is not None
+    before, model.attention_impl = model.attention_impl, impl  # type: ignore[assignment]  (the one switch)
+    try:  # put back: llm may be the session's shared fp32 engine
+        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=2)
+        return llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in refs], params)
+    finally:
+        model.attention_impl = before
 
 
 def clear_prefix(out: Any) -> int:
