@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def probe_in_subprocess(env: dict[str, str], code: str) -> dict:
     """Run `code` (which prints one JSON line) in a fresh interpreter with env added."""
+    # The torch caps this process may carry (a run under SERVELAB_CPU_ISA) would win over the child's.
+    inherited = {k: v for k, v in os.environ.items() if k not in machine.TORCH_CAPS["scalar"]}
     out = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        env={**inherited, "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
         text=True,
         timeout=120,
