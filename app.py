@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from flask import Flask
+from flask import Flask, request
 from flask_socketio import SocketIO
 
 from engine import machine
@@ -33,6 +33,7 @@ from web import create_api_app
 from web.classroom import install_classroom
 from web.lessons import LessonLibrary
 from web.live import LiveChannel
+from web.page_session import PageSessions
 from web.pages import pages
 from web.remote_api import create_remote_api_app
 from web.whatif import whatif
@@ -76,6 +77,12 @@ def create_app(lab: LabFacade, instructor_token: str | None = None) -> Flask:
     else:
         app = create_api_app(lab.fleet, LAB_PING_S)  # type: ignore[attr-defined]
     app.extensions["servelab_lab"] = lab
+    # With SERVELAB_API_KEYS set, the app's own pages prompt with a session cookie issued with
+    # each page (web/page_session.py); outside clients still need a key.
+    sessions = app.extensions["servelab_page_sessions"] = PageSessions()
+    app.after_request(lambda response: sessions.issue(request, response))
+    if not isinstance(lab, RemoteLab):
+        lab.fleet.router.config.issued = sessions.is_page_credential  # type: ignore[attr-defined]
     lessons = LessonLibrary()
     app.extensions["servelab_lessons"] = lessons
     app.register_blueprint(pages)

@@ -212,7 +212,7 @@
     if (chat) body.messages = [{ role: "user", content: prompt }];
     else body.prompt = prompt;
     const res = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+      method: "POST", headers: window.servelab.apiHeaders, body: JSON.stringify(body),
     });
     if (!res.ok) {
       const body = await res.json();

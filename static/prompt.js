@@ -4,6 +4,9 @@
 (function () {
   "use strict";
   const $ = (sel, root) => (root || document).querySelector(sel);
+  // The page's own API requests: with SERVELAB_API_KEYS set, the server accepts them by this
+  // header and the page's session cookie (web/page_session.py); classroom.js uses them too.
+  const API_HEADERS = (window.servelab.apiHeaders = { "Content-Type": "application/json", "X-ServeLab-Page": "1" });
 
   // ---- step 3: one long prompt (random token ids, so the prefix cache cannot answer it) ---------
   const longPrompt = $("#long-prompt");
@@ -14,7 +17,7 @@
       timing.classList.remove("error");
       timing.textContent = "a " + n + "-token prompt is in the queue: watch the ITL chart…";
       const start = performance.now();
-      const res = await fetch("/v1/completions", { method: "POST", headers: { "Content-Type": "application/json" },
+      const res = await fetch("/v1/completions", { method: "POST", headers: API_HEADERS,
         body: JSON.stringify({ model: (window.servelab.lab || {}).model, prompt: ids, max_tokens: 8 }) });
       const body = await res.json();
       timing.classList.toggle("error", !res.ok);
@@ -56,7 +59,7 @@
       let first = null, tokens = 0, server = null;
       try {
         const res = await fetch("/v1/chat/completions", {
-          method: "POST", headers: { "Content-Type": "application/json" },
+          method: "POST", headers: API_HEADERS,
           body: JSON.stringify({ model: (window.servelab.lab || {}).model, stream: true, max_tokens: Number($("#prompt-max").value),
             messages: [{ role: "user", content: $("#prompt-text").value }] }),
         });

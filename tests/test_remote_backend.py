@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from flask import Response, request
 
 import app as app_module
 from engine.clock import VirtualClock
@@ -23,6 +24,7 @@ from engine.serving.remote_errors import RemoteErrors
 from engine.serving.remote_lab import RemoteLab
 from engine.serving.remote_levers import REMOTE_LEVERS
 from tests.server_process import free_port
+from web.page_session import COOKIE, HEADER, PageSessions
 from web.remote_api import create_remote_api_app
 
 MODELS = json.dumps(
@@ -193,6 +195,13 @@ def test_pass_through_keeps_the_remotes_status_retry_after_and_body(canned: Cann
         assert locked.post("/v1/chat/completions", json={}).status_code == 401
         ok = locked.post("/v1/chat/completions", json={}, headers={"Authorization": "Bearer class-key"})
         assert ok.status_code == 429  # let through to the remote, whose answer comes back
+        # The app's own pages pass by their session (web/page_session.py), as in local mode.
+        sessions = locked.application.extensions["servelab_page_sessions"] = PageSessions()
+        with locked.application.test_request_context("/lab"):
+            cookie = sessions.issue(request, Response("", mimetype="text/html")).headers["Set-Cookie"]
+        locked.set_cookie(COOKIE, cookie.split(";", 1)[0].split("=", 1)[1])
+        assert locked.post("/v1/chat/completions", json={}).status_code == 401  # no page header
+        assert locked.post("/v1/chat/completions", json={}, headers={HEADER: "1"}).status_code == 429
         canned.close()
         answer = client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
         assert answer.status_code == 502 and answer.get_json()["error"]["code"] == "remote_unreachable"

@@ -5,6 +5,7 @@ tests/artifacts/ (git-ignored) for a person to look at."""
 from __future__ import annotations
 
 import http.client
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from web.lessons import TRACE_CHARTS, LessonLibrary
 
 CHROMIUM = "/usr/bin/chromium"
 TOKEN = "teacher-secret"
+API_KEY = "outside-client-key"
 ARTIFACTS = ROOT / "tests" / "artifacts"
 PAGES = ["/", *(f"/steps/{n}" for n in range(1, 9)), "/lab"]
 
@@ -34,6 +36,7 @@ def server() -> Iterator[ServerProcess]:
         "16",
         command=("app.py",),
         env={"SERVELAB_INSTRUCTOR_TOKEN": TOKEN},
+        api_keys=API_KEY,  # the pages keep working with keys set; outside clients need one
     )
     yield proc
     proc.stop()
@@ -135,6 +138,35 @@ def test_own_prompt_streams_through_the_queue(server: ServerProcess, page: Page)
     assert page.inner_text("#prompt-output").strip()
     # The browser's own TTFT beside the server's figure for the same request.
     expect(page.locator("#prompt-timing")).to_contain_text(" (server; ")
+
+
+def test_with_keys_set_outside_clients_need_one_and_a_page_session_is_not_a_key(server: ServerProcess) -> None:
+    """The page's cookie and header pass; no key, a wrong key, a forged cookie, or the cookie
+    without the page's header (what another site's form could send) get 401 with the body named."""
+    body = {"prompt": "The sky is", "max_tokens": 2}
+    status, payload = server.request("POST", "/v1/completions", body)
+    assert status == 401 and json.loads(payload)["error"]["code"] == "unauthorized"
+    assert server.request("POST", "/v1/completions", body, {"Authorization": "Bearer wrong"})[0] == 401
+    assert server.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {API_KEY}"})[0] == 200
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("GET", "/steps/1")
+    response = conn.getresponse()
+    response.read()
+    cookie = response.getheader("Set-Cookie") or ""
+    conn.close()
+    assert cookie.startswith("servelab_page=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    session = cookie.split(";", 1)[0]
+    page_headers = {"Cookie": session, "X-ServeLab-Page": "1"}
+    assert server.request("POST", "/v1/completions", body, page_headers)[0] == 200
+    assert server.request("POST", "/v1/completions", body, {"Cookie": session})[0] == 401
+    forged = session[: session.index(".") + 1] + "0" * 64
+    assert server.request("POST", "/v1/completions", body, {"Cookie": forged, "X-ServeLab-Page": "1"})[0] == 401
+
+
+def test_step_3_long_prompt_is_answered_with_keys_set(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/steps/3")
+    page.click("#long-prompt")
+    expect(page.locator("#prompt-timing")).to_contain_text("answered in", timeout=120_000)
 
 
 def test_flood_ttft_chart_climbs_with_the_queue_on_both_lines(server: ServerProcess, page: Page) -> None:

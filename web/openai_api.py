@@ -28,6 +28,7 @@ from engine.serving.fleet import Fleet
 from engine.serving.messages import RequestError
 from web.openai_protocol import Choice, Reply, parse_request, server_timing
 from web.openai_request import ParsedRequest
+from web.page_session import PageSessions
 
 log = logging.getLogger("servelab.api")
 
@@ -127,7 +128,7 @@ def chat_completions() -> Response:
 
 def _generate(kind: str) -> Response:
     f = fleet()
-    api_key = _bearer_key()
+    api_key = request_credential()
     f.router.authorize(api_key)  # a refusal is a ServingError: the error handler answers it
     try:
         body = json.loads(request.get_data(cache=False) or b"null")
@@ -266,6 +267,12 @@ def _data(obj: dict[str, Any]) -> str:
 def _bearer_key() -> str | None:
     header = request.headers.get("Authorization", "")
     return header[7:].strip() if header.lower().startswith("bearer ") else None
+
+
+def request_credential() -> str | None:
+    """The request's bearer key, else its page session's credential where the app issues them."""
+    sessions: PageSessions | None = current_app.extensions.get("servelab_page_sessions")
+    return _bearer_key() or (sessions.credential(request) if sessions is not None else None)
 
 
 def _request_error(err: RequestError) -> ServingError:

@@ -24,7 +24,8 @@ from engine.errors import ServingError
 from engine.serving.remote_backend import auth_headers, connection
 from engine.serving.remote_lab import RemoteLab
 from engine.serving.user_streams import user_of
-from web.openai_api import MAX_BODY_BYTES, error_response
+from web.openai_api import MAX_BODY_BYTES, error_response, request_credential
+from web.page_session import PageSessions
 
 log = logging.getLogger("servelab.api")
 
@@ -111,8 +112,10 @@ def chat_completions() -> Response:
 
 def _pass(method: str, path: str, body: bytes) -> Response:
     keys = current_app.config["SERVELAB_API_KEYS"]
-    header = request.headers.get("Authorization", "")
-    if keys and (not header.lower().startswith("bearer ") or header[7:].strip() not in keys):
+    credential = request_credential()
+    sessions: PageSessions | None = current_app.extensions.get("servelab_page_sessions")
+    page = credential is not None and sessions is not None and sessions.is_page_credential(credential)
+    if keys and credential not in keys and not page:
         raise ServingError(401, "missing or invalid API key", None, "unauthorized")
     remote = lab()
     url = remote.config.base_url + path

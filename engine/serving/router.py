@@ -18,6 +18,7 @@ import math
 import queue
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.block_manager import blocks_for
@@ -57,6 +58,9 @@ class RouterConfig:
     deadline_s: float | None = 30.0
     rate_limit: float | None = None  # requests/s per API key
     api_keys: list[str] = field(default_factory=list)  # empty: the API is open
+    # Credentials the app issues itself (its pages' sessions: web/page_session.py), accepted beside
+    # api_keys; the composition root sets it, the router only asks.
+    issued: Callable[[str], bool] | None = None
     block_size: int = 16
     max_model_len: int = 8192  # the fleet sets it from the model's context window
 
@@ -161,7 +165,9 @@ class Router:
         return base + self.queue.rng.randint(0, base) if self.defences.retry_jitter else base
 
     def authorize(self, api_key: str | None) -> None:
-        if self.config.api_keys and api_key not in self.config.api_keys:
+        if not self.config.api_keys or api_key in self.config.api_keys:
+            return
+        if api_key is None or self.config.issued is None or not self.config.issued(api_key):
             raise self._refuse(401, "unauthorized", "missing or invalid API key")
 
     def abort(self, request_id: str) -> None:
