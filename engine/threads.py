@@ -40,6 +40,10 @@ class CoreWatch:
     def __init__(self, cores: list[int]) -> None:
         self.cores = {f"cpu{c}" for c in cores}
         self.tick_s = 1.0 / _ticks()
+        # Time of niced processes (the what-if worker, web/whatif_worker.py) is /proc/stat's
+        # `nice` column: they yield the core to this one, so they take nothing from it. (A niced
+        # engine's own time lands there too; then `nice` counts, so that `mine` can come off it.)
+        self.count_nice = os.getpriority(os.PRIO_PROCESS, 0) > 0
 
     def read(self) -> tuple[float, float] | None:
         """(seconds the cores were busy, seconds this process ran), both since boot."""
@@ -55,6 +59,7 @@ class CoreWatch:
                 # user nice system idle iowait irq softirq steal ...: busy is all but idle and iowait
                 values = [int(v) for v in rest.split()]
                 busy += sum(values) - values[3] - (values[4] if len(values) > 4 else 0)
+                busy -= 0 if self.count_nice else values[1]
         fields = own.rsplit(")", 1)[1].split()
         mine = int(fields[11]) + int(fields[12])  # utime + stime, every thread of this process
         return busy * self.tick_s, mine * self.tick_s

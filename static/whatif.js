@@ -30,11 +30,28 @@
     "gpu_count", "tensor_parallel", "weight_dtype", "prefill_gpus", "decode_gpus", "max_num_seqs", "paged", "gpu_hour_usd"];
   const NAMES = { traffic: "t", a: "a", b: "b" }; // a shared link's key prefixes (web/whatif.py)
 
-  async function post(url, body) {
-    const res = await fetch(url, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body || {}) });
-    const data = await res.json();
-    if (!res.ok) throw Object.assign(new Error(data.error.message), { param: data.error.param });
-    return data;
+  // Runs go to the server's what-if worker one at a time (web/whatif_worker.py): while this one
+  // waits, `status` says its place in line. In a class only the instructor may start one: the
+  // request presents the token this browser keeps (app.js), as the socket does.
+  async function post(url, body, status) {
+    const ticket = Math.random().toString(36).slice(2) + Date.now().toString(36);
+    const headers = { "Content-Type": "application/json", "X-ServeLab-Token": localStorage.getItem("servelab-token") || "" };
+    const running = status ? status.textContent : "";
+    const poll = status ? setInterval(async () => {
+      try {
+        const line = await (await fetch("/whatif/queue?ticket=" + ticket)).json();
+        if (line.position > 0) status.textContent = "in line for the what-if worker: " + line.position + (line.position === 1 ? " run" : " runs") + " ahead of yours…";
+        else if (line.position === 0) status.textContent = running;
+      } catch (err) { /* the answer itself says what went wrong */ }
+    }, 700) : null;
+    try {
+      const res = await fetch(url + (url.includes("?") ? "&" : "?") + "ticket=" + ticket, { method: "POST", headers: headers, body: JSON.stringify(body || {}) });
+      const data = await res.json();
+      if (!res.ok) throw Object.assign(new Error(data.error.message), { param: data.error.param });
+      return data;
+    } finally {
+      if (poll) clearInterval(poll);
+    }
   }
 
   // ---- results: table, badges, overlaid charts ---------------------------------------------------
@@ -153,7 +170,7 @@
     status.textContent = "simulating A, then B…";
     $("#ab-run").disabled = true;
     try {
-      const result = await post("/whatif/ab", body);
+      const result = await post("/whatif/ab", body, status);
       render($("#ab-results"), result);
       const href = link(body);
       history.replaceState(null, "", href);
@@ -221,7 +238,7 @@
       status.classList.remove("error");
       status.textContent = "simulating A, then B…";
       try {
-        const result = await post(`/whatif/lesson/${atScale.dataset.step}?index=${btn.dataset.atScale}`);
+        const result = await post(`/whatif/lesson/${atScale.dataset.step}?index=${btn.dataset.atScale}`, null, status);
         render($("#at-scale-results"), result);
         status.textContent = result.title + ": " + result.watch;
       } catch (err) {
@@ -277,7 +294,7 @@
     status.classList.remove("error");
     status.textContent = "the simulator is predicting the charts at these levers…";
     try {
-      const result = await post("/whatif/predict");
+      const result = await post("/whatif/predict", null, status);
       const start = lastTime === null ? Date.now() / 1000 : lastTime;
       const offset = t0 === null ? 0 : start - t0; // the live charts' x: seconds since their first snapshot
       prediction = Object.assign(result, { start: start });

@@ -103,6 +103,16 @@ def test_with_the_env_token_set_starting_a_class_needs_it(server: ServerProcess)
     assert status == 403
 
 
+def test_while_a_class_runs_only_its_instructor_starts_what_if_runs(
+    server: ServerProcess, classroom: dict[str, Any]
+) -> None:
+    body = {"a": {"not_a_lever": 1}}
+    status, payload = server.request("POST", "/whatif/ab", body)
+    assert status == 403 and json.loads(payload)["error"]["param"] == "token"
+    status, payload = server.request("POST", "/whatif/ab", body, {"X-ServeLab-Token": TOKEN})
+    assert status == 400 and json.loads(payload)["error"]["param"] == "a.not_a_lever"  # past the gate
+
+
 def test_students_join_and_the_instructor_lists_them_as_text(classroom: dict[str, Any]) -> None:
     teacher, students = classroom["teacher"], classroom["students"]
     expect(teacher.locator("#student-list .student-name")).to_have_text(list(NAMES), timeout=20_000)

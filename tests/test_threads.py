@@ -3,6 +3,8 @@ hysteresis; its /proc reading sees a real busy process on this machine's cores."
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -65,3 +67,28 @@ def test_the_reading_counts_this_process_within_its_cores() -> None:
     assert before is not None and after is not None
     mine, busy = after[1] - before[1], after[0] - before[0]
     assert 0.4 <= mine <= busy + 0.05, (mine, busy)
+
+
+def test_a_niced_busy_process_takes_no_core_from_the_reading() -> None:
+    """The what-if worker runs niced (web/whatif_worker.py): its time is /proc/stat's `nice`
+    column, which the reading leaves out, while a busy process at normal priority shows."""
+    cores = machine.affinity()
+    watch = CoreWatch(cores)
+
+    def others_over(seconds: float, *prefix: str) -> float:
+        hog = subprocess.Popen([*prefix, sys.executable, "-c", "while True: pass"])
+        try:
+            time.sleep(0.5)  # started and spinning
+            before, t0 = watch.read(), time.monotonic()
+            time.sleep(seconds)
+            after, t1 = watch.read(), time.monotonic()
+        finally:
+            hog.kill()
+            hog.wait()
+        assert before is not None and after is not None
+        return ((after[0] - before[0]) - (after[1] - before[1])) / (t1 - t0)
+
+    niced = others_over(1.0, "nice", "-n", "19")
+    plain = others_over(1.0)
+    assert plain >= 0.6, plain  # the hog holds most of a core
+    assert niced < plain - 0.5, (niced, plain)

@@ -7,11 +7,16 @@ request, runs one simulation at a time, and answers in JSON (errors as the OpenA
   &b.KEY=..` is the same experiment from a shared link's query.
 - `GET /whatif/presets`: the presets and the keys an experiment takes.
 - `POST /whatif/predict`: the simulator's prediction of the live lab's charts at its levers now.
-- `POST /whatif/lesson/<step>`: that lesson's at-scale experiment(s), as `/whatif/ab` answers."""
+- `POST /whatif/lesson/<step>`: that lesson's at-scale experiment(s), as `/whatif/ab` answers.
+- `GET /whatif/queue?ticket=T`: the place in line of the run posted with `?ticket=T`.
+
+Every run goes to the what-if worker (web/whatif_worker.py: one process at the lowest CPU
+priority, one run at a time, in arrival order), never a request thread. While a class runs, only
+its instructor starts one (the class token in `X-ServeLab-Token`, as the page's socket presents it)."""
 
 from __future__ import annotations
 
-import threading
+import hmac
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,12 +34,9 @@ from engine.sim.compare import (
 )
 from engine.sim.predict import predict
 from engine.sim.presets import PRESETS
+from web.whatif_worker import WhatIfWorker
 
 whatif = Blueprint("whatif", __name__, url_prefix="/whatif")
-# One simulation at a time in the web process: a second browser's waits its turn (briefly) or is
-# told to retry, so simulations never pile up beside the live engine's stream.
-_running = threading.Lock()
-WAIT_S = 10.0
 QUERY_GROUPS = {"t": "traffic", "a": "a", "b": "b"}  # a shared link's key prefixes
 
 
@@ -52,19 +54,34 @@ def experiment_from_query(args: Mapping[str, str]) -> dict[str, Any]:
     return body
 
 
+def worker() -> WhatIfWorker:
+    return current_app.extensions.setdefault("servelab_whatif_worker", WhatIfWorker())
+
+
+def _instructor_only_in_class() -> None:
+    live = current_app.extensions.get("servelab_live")
+    class_token = live.class_token() if live is not None else None
+    presented = request.headers.get("X-ServeLab-Token") or ""
+    if class_token and not hmac.compare_digest(presented.encode(), class_token.encode()):
+        raise ServingError(403, "while a class runs, only its instructor starts what-if runs", "token", "forbidden")
+
+
 def _answer(work: Callable[[], dict[str, Any]]) -> tuple[Response, int]:
-    """Run one simulation under the lock; refusals as OpenAI-style errors naming the parameter."""
-    if not _running.acquire(timeout=WAIT_S):
-        err = ServingError(429, "another simulation is running in this server; try again in a moment", None, "busy", 2)
-        return jsonify(err.body()), 429
+    """Run one simulation through the worker; refusals as OpenAI-style errors naming the parameter."""
     try:
+        _instructor_only_in_class()
         return jsonify({"ok": True, **work()}), 200
     except InvalidParamError as err:
         return jsonify(ServingError(400, err.message, err.param).body()), 400
     except ServingError as err:
-        return jsonify(err.body()), err.status
-    finally:
-        _running.release()
+        response = jsonify(err.body())
+        if err.retry_after_s is not None:
+            response.headers["Retry-After"] = str(err.retry_after_s)
+        return response, err.status
+
+
+def _in_worker(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    return worker().run(fn, *args, ticket=request.args.get("ticket") or None)
 
 
 def _body() -> dict[str, Any]:
@@ -76,15 +93,12 @@ def _body() -> dict[str, Any]:
 
 @whatif.post("/ab")
 def ab_post() -> tuple[Response, int]:
-    def work() -> dict[str, Any]:
-        return run_experiment(parse_experiment(_body()))
-
-    return _answer(work)
+    return _answer(lambda: _in_worker(run_experiment, parse_experiment(_body())))
 
 
 @whatif.get("/ab")
 def ab_get() -> tuple[Response, int]:
-    return _answer(lambda: run_experiment(parse_experiment(experiment_from_query(request.args))))
+    return _answer(lambda: _in_worker(run_experiment, parse_experiment(experiment_from_query(request.args))))
 
 
 @whatif.get("/presets")
@@ -104,10 +118,17 @@ def presets() -> Response:
     })  # fmt: skip
 
 
+@whatif.get("/queue")
+def queue_position() -> Response:
+    """{"position": 0 running / n runs ahead / null not in line, "in_line": every run in line}."""
+    w = worker()
+    return jsonify({"position": w.position(request.args.get("ticket", "")), "in_line": w.waiting()})
+
+
 @whatif.post("/predict")
 def predict_live() -> tuple[Response, int]:
     lab = current_app.extensions["servelab_lab"]
-    return _answer(lambda: predict(dict(lab.levers)))
+    return _answer(lambda: _in_worker(predict, dict(lab.levers)))
 
 
 @whatif.post("/lesson/<int:step>")
@@ -122,6 +143,7 @@ def lesson_at_scale(step: int) -> tuple[Response, int]:
         if not index.isdigit() or int(index) >= len(runs):
             raise InvalidParamError("index", f"must be 0 to {len(runs) - 1}")
         run = runs[int(index)]
-        return run_experiment(parse_experiment(run["experiment"])) | {"title": run["title"], "watch": run["watch"]}
+        result = _in_worker(run_experiment, parse_experiment(run["experiment"]))
+        return result | {"title": run["title"], "watch": run["watch"]}
 
     return _answer(work)
