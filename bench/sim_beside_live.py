@@ -54,13 +54,18 @@ def phase(server: ServerProcess, args: argparse.Namespace, seed: int) -> dict[st
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_phase_args(ap: argparse.ArgumentParser) -> None:
+    """The live traffic of each phase (`phase`), shared with bench/whatif_beside_live.py."""
     ap.add_argument("--rounds", type=int, default=2, help="A B pairs")
     ap.add_argument("--phase-s", type=float, default=60.0, help="seconds of arrivals per phase")
     ap.add_argument("--rate", type=float, default=1.0, help="live requests/s")
     ap.add_argument("--prompt-tokens", type=int, default=200)
     ap.add_argument("--output-tokens", type=int, default=128)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_phase_args(ap)
     ap.add_argument("--sim-rate", type=float, default=100.0, help="the simulated fleet's requests/s")
     args = ap.parse_args()
     rows = []

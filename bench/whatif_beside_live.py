@@ -15,7 +15,7 @@ import json
 import threading
 import time
 
-from bench.sim_beside_live import phase
+from bench.sim_beside_live import add_phase_args, phase
 from bench.sim_web_cpu import app_server
 from tests.server_process import ServerProcess
 
@@ -31,11 +31,7 @@ def ab_runs_until(server: ServerProcess, preset: str, stop: threading.Event, don
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=2, help="A B pairs")
-    ap.add_argument("--phase-s", type=float, default=60.0, help="seconds of arrivals per phase")
-    ap.add_argument("--rate", type=float, default=1.0, help="live requests/s")
-    ap.add_argument("--prompt-tokens", type=int, default=200)
-    ap.add_argument("--output-tokens", type=int, default=128)
+    add_phase_args(ap)
     ap.add_argument("--preset", default="colocated_vs_disaggregated")
     args = ap.parse_args()
     rows = []
