@@ -1,13 +1,20 @@
 """The autoscaler: reads the fleet's load, decides how many replicas should serve, and asks the
 fleet for them.
 
-Three signals come from the metrics bus: requests queued (the router's queue plus any waiting
-inside replicas), batch-slot use (sequences in the batch / max_num_seqs) and KV use (blocks used /
-blocks held). Pressure on any of them for the whole short window (up_window_s) adds replicas;
-every signal low for the whole long window (down_window_s) drains one. Replicas still starting
-or provisioning count as capacity already ordered, so a queue that is already being answered
-never orders again; any change in capacity restarts both windows, so flapping load cannot flap
-the fleet. `decide` is pure (signals in, a Decision out) so tests feed it recorded traces on a
+Four signals come from the metrics bus: requests queued (the router's queue plus any waiting
+inside replicas), batch-slot use (sequences in the batch / max_num_seqs), KV use (blocks used /
+blocks held) and, when a target is set (ttft_target_ms), the p99 time to first token over the
+metrics' sliding window (the figure the page charts). Pressure on any of them for the whole short
+window (up_window_s) adds replicas; every signal low for the whole long window (down_window_s)
+drains one. TTFT is pressure above its target and calm only at or under ttft_low of it (half):
+between the two the fleet keeps its size, so a fleet that meets the target, and would miss it one
+replica smaller, is not drained only to order the replica back.
+With no first token in the window TTFT says nothing either way, and it orders nothing until a
+whole metrics window (ttft_settle_s) has passed since capacity last changed: before then the p99
+still holds the old fleet's first tokens. Replicas still starting or provisioning count as
+capacity already ordered, so a queue (or a slow first token) that is already being answered never
+orders again; any change in capacity restarts both windows, so flapping load cannot flap the
+fleet. `decide` is pure (signals in, a Decision out) so tests feed it recorded traces on a
 VirtualClock; `tick` is the actuator that reads the fleet and calls it, one round at the clock's
 now(): a driver runs it every tick_s (a thread live, the EventLoop in simulation).
 
@@ -30,6 +37,7 @@ from engine.clock import WALL_CLOCK, Clock
 from engine.serving.defences import Defences
 from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.events import EventLog
+from engine.serving.metrics import WINDOW_S as METRICS_WINDOW_S
 from engine.serving.replica_api import PoolState, ReplicaState
 
 log = logging.getLogger("servelab.autoscaler")
@@ -37,6 +45,8 @@ log = logging.getLogger("servelab.autoscaler")
 ORDERED = (ReplicaState.STARTING, PoolState.PROVISIONING)  # replica states that are capacity on its way
 LEVERS = ("min_replicas", "max_replicas", "warm_pool", "provision_delay_s")  # engine/levers.py keys it takes live
 FLEET_SETTINGS = ("warm_pool", "provision_delay_s")  # the fleet keeps these; the autoscaler passes them on
+# engine/levers.py keys it reads as a target only: a fleet without an autoscaler needs no rebuild for them.
+TARGET_LEVERS = ("ttft_target_ms",)
 
 
 @dataclass
@@ -55,12 +65,17 @@ class AutoscalerConfig:
     queue_low: float = 0.0  # calm: queued requests per ready replica at or below this,
     slot_low: float = 0.3  # and slots and KV at or below these
     kv_low: float = 0.3
+    ttft_target_ms: float | None = None  # p99 TTFT above this is pressure; None or 0: the signal is off
+    ttft_low: float = 0.5  # calm needs p99 TTFT at or below this fraction of the target too
+    # The p99 is over the metrics' sliding window: until a whole window has passed since capacity
+    # last changed it still holds first tokens of the old fleet, and would order again for them.
+    ttft_settle_s: float = METRICS_WINDOW_S
     tick_s: float = 0.5
 
     @classmethod
     def from_levers(cls, levers: dict[str, Any], **settings: Any) -> AutoscalerConfig:
-        """The lab's lever values (only LEVERS are read), plus any other settings."""
-        return cls(**{k: levers[k] for k in LEVERS if k in levers}, **settings)
+        """The lab's lever values (only LEVERS and TARGET_LEVERS are read), plus any other settings."""
+        return cls(**{k: levers[k] for k in (*LEVERS, *TARGET_LEVERS) if k in levers}, **settings)
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,7 @@ class Signals:
     ready: int
     starting: int  # ordered and not yet ready: provisioning or loading
     draining: int = 0
+    ttft_p99_s: float | None = None  # over the metrics' window; None: no first token in it
 
     @property
     def capacity(self) -> int:
@@ -91,6 +107,7 @@ class Signals:
             ready=states.get(ReplicaState.READY, 0),
             starting=sum(states.get(s, 0) for s in ORDERED),
             draining=states.get(ReplicaState.DRAINING, 0),
+            ttft_p99_s=snap.get("ttft_p99"),
         )
 
 
@@ -130,6 +147,7 @@ class Autoscaler:
         self._calm_since: float | None = None
         self._held = False  # a hold was told in this pressure streak
         self._last_capacity: tuple[int, int] | None = None
+        self._capacity_since = 0.0  # when capacity last changed: TTFT from before then is stale
         self._last = ""  # the last decision's message, for status()
         self._driver: Driver | None = None
         self._own_driver: WallClockDriver | None = None
@@ -147,7 +165,7 @@ class Autoscaler:
         c = self.config
         floor, ceiling = max(1, c.min_replicas), max(1, c.max_replicas)  # with none, no queue would wake it
         if self._last_capacity != (s.ready, s.starting):  # capacity changed: the windows start over
-            self._last_capacity = (s.ready, s.starting)
+            self._last_capacity, self._capacity_since = (s.ready, s.starting), s.time
             self._hot_since = self._calm_since = None
             self._held = False
         if s.capacity < floor:
@@ -192,6 +210,10 @@ class Autoscaler:
             return f"KV {s.kv_util:.0%} >= {c.kv_high:.0%}"
         if s.ready and s.slot_util >= c.slot_high:
             return f"batch slots {s.slot_util:.0%} >= {c.slot_high:.0%}"
+        ttft_ms = self._ttft_ms(s)
+        settled = s.time - self._capacity_since >= c.ttft_settle_s
+        if s.ready and settled and ttft_ms is not None and c.ttft_target_ms and ttft_ms > c.ttft_target_ms:
+            return f"p99 TTFT {ttft_ms:.0f} ms > target {c.ttft_target_ms:g} ms"
         return None
 
     def _calm(self, s: Signals) -> str | None:
@@ -199,7 +221,18 @@ class Autoscaler:
         if s.queued > c.queue_low * s.ready or s.slot_util > c.slot_low or s.kv_util > c.kv_low:
             return None
         queue = f"queue {s.queued} <= {c.queue_low * s.ready:g}" if c.queue_low else "queue empty"
-        return f"{queue}, slots {s.slot_util:.0%} <= {c.slot_low:.0%}, KV {s.kv_util:.0%} <= {c.kv_low:.0%}"
+        calm = f"{queue}, slots {s.slot_util:.0%} <= {c.slot_low:.0%}, KV {s.kv_util:.0%} <= {c.kv_low:.0%}"
+        ttft_ms = self._ttft_ms(s)
+        if ttft_ms is None or not c.ttft_target_ms:  # no target, or no first token in the window
+            return calm
+        # Stale or not: after a scale-up the old window is pessimistic, so it only delays a drain.
+        if ttft_ms > c.ttft_low * c.ttft_target_ms:
+            return None
+        return f"{calm}, p99 TTFT {ttft_ms:.0f} ms <= {c.ttft_low * c.ttft_target_ms:g} ms"
+
+    @staticmethod
+    def _ttft_ms(s: Signals) -> float | None:
+        return None if s.ttft_p99_s is None else s.ttft_p99_s * 1000
 
     @staticmethod
     def _count(s: Signals) -> str:

@@ -30,7 +30,7 @@ from engine.config import IN_PLACE_FIELDS, EngineConfig
 from engine.errors import InvalidParamError, ServingError
 from engine.levers import LEVERS, validate_levers
 from engine.serving.autoscaler import LEVERS as AUTOSCALER_LEVERS
-from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
+from engine.serving.autoscaler import TARGET_LEVERS, Autoscaler, AutoscalerConfig
 from engine.serving.defences import Defences
 from engine.serving.envelope import MB, bottlenecks, envelope
 from engine.serving.events import EventLog
@@ -153,7 +153,7 @@ class LiveLab:
             in_place = {k: changed[k] for k in ENGINE_IN_PLACE if k in changed}
             if in_place:
                 self.fleet.reconfigure(**in_place)
-            if any(k in changed for k in (*AUTOSCALER_LEVERS, "gpu_count", "tensor_parallel")):
+            if any(k in changed for k in (*AUTOSCALER_LEVERS, *TARGET_LEVERS, "gpu_count", "tensor_parallel")):
                 self.autoscaler.reconfigure(**self._scaling())
             if rebuild:
                 self._rebuild()
@@ -212,9 +212,10 @@ class LiveLab:
         threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
 
     def _scaling(self) -> dict[str, Any]:
-        """The autoscaler's settings: its levers, with the bounds of replica_bounds."""
+        """The autoscaler's settings: its levers and targets, with the bounds of replica_bounds."""
         fewest, most = replica_bounds(self.levers)
-        return {key: self.levers[key] for key in AUTOSCALER_LEVERS} | {"min_replicas": fewest, "max_replicas": most}
+        keys = (*AUTOSCALER_LEVERS, *TARGET_LEVERS)
+        return {key: self.levers[key] for key in keys} | {"min_replicas": fewest, "max_replicas": most}
 
     def _await_ready(self) -> None:
         ok = self.fleet.wait_serving()

@@ -182,8 +182,9 @@ TRADEOFFS = (
      ("Separate pools keep a long prompt's compute-bound prefill from stalling everyone's decode, and size each "
      "pool for its own bottleneck; the KV must then travel between them.")),
     ("GPU autoscaling", Stage.CONTINUOUS_PAGED,
-     ("Replicas follow demand, but a new one takes minutes to provision and load: scale on a short window, "
-     "keep a warm pool, and drain instead of cutting streams.")),
+     ("Replicas follow demand, read from queue depth, batch slots, KV use and p99 TTFT against its target, but "
+     "a new one takes minutes to provision and load: scale out on a short window, in on a long one and only "
+     "once TTFT is under half its target, keep a warm pool, and drain instead of cutting streams.")),
     ("Token streaming", Stage.ONE_REQUEST,
      ("Sending each token as it is made turns a long wait into a short time to first token; the connection "
      "stays open for the whole generation.")),

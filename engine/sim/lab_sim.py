@@ -29,7 +29,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.autoscaler import LEVERS as AUTOSCALER_LEVERS
-from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
+from engine.serving.autoscaler import TARGET_LEVERS, Autoscaler, AutoscalerConfig
 from engine.serving.defences import Defences
 from engine.serving.events import EventLog
 from engine.serving.fleet import SNAPSHOT_HZ, Fleet, FleetConfig
@@ -98,7 +98,9 @@ class SimLab:
         else:
             fewest, most = self.spec.replica_bounds()
             self.fleet = self._fleet(base, fewest, 0, self._count_finished, None)
-            self.autoscaler = Autoscaler(self.fleet, AutoscalerConfig(min_replicas=fewest, max_replicas=most), self.clock)
+            targets = {key: self.levers[key] for key in TARGET_LEVERS if key in self.levers}
+            config = AutoscalerConfig(min_replicas=fewest, max_replicas=most, **targets)
+            self.autoscaler = Autoscaler(self.fleet, config, self.clock)
             self.autoscaler.start(self.loop)
         self.fleet.subscribe(self._keep)
 
@@ -236,7 +238,7 @@ class SimLab:
                     fleet.router.reconfigure(**router)
                 if in_place:
                     fleet.reconfigure(**in_place)
-            scaling = {k: changed[k] for k in AUTOSCALER_LEVERS if k in changed}
+            scaling = {k: changed[k] for k in (*AUTOSCALER_LEVERS, *TARGET_LEVERS) if k in changed}
             if self.autoscaler is not None and scaling:
                 fewest, most = replica_bounds(self.levers)
                 self.autoscaler.reconfigure(**(scaling | {"min_replicas": fewest, "max_replicas": most}))
