@@ -114,6 +114,9 @@
     }
     const simulated = lab.executor === "sim";
     document.body.classList.toggle("simulated", simulated);
+    // The simulated clock runs at `speed` x wall time when the machine keeps up; said when it does not.
+    const sim = lab.sim, slow = sim && sim.achieved_speed > 0 && sim.achieved_speed < 0.9 * sim.speed;
+    const pace = sim ? " at " + (slow ? sim.achieved_speed + "x of the " + sim.speed + "x asked (this machine is behind)" : sim.speed + "x") : "";
     for (const b of $$(".mode-badge")) { b.hidden = !simulated; b.textContent = lab.badge || ""; }
     const share = $("#share-link");
     if (share) {
@@ -130,7 +133,7 @@
       $("#traffic-sent").textContent = t.sent;
       $("#traffic-refused").textContent = t.refused;
     }
-    $("#status-text").textContent = lab.status;
+    $("#status-text").textContent = lab.status + (simulated ? pace : "");
     const what = $("#engine-badge .muted");
     // A remote backend names itself ("remote: vLLM at http://..., model X"); static/remote.js does the rest.
     if (what) what.textContent = lab.backend ? "· " + lab.backend : "· " + lab.model + " · " + lab.device + " · " + lab.dtype;

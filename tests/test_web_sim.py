@@ -120,6 +120,9 @@ def test_the_recommended_shape_follows_the_levers_across_the_thresholds(server: 
                      "tensor_parallel: 1, request_rate: 1, prompt_tokens: 200, output_tokens: 64, ttft_target_ms: 1000}")
     stage = page.locator("#shape-stage")
     expect(stage).to_have_text("1. One GPU serving one request")
+    # The pace asked, and the pace achieved where this machine falls behind it.
+    expect(page.locator("#status-text")).to_contain_text("simulating at ")
+    expect(page.locator("#status-text")).to_contain_text("10x")
     set_levers(page, "{gpu_count: 8, tensor_parallel: 8}")
     set_levers(page, "{model: 'llama-3.1-70b'}")
     expect(stage).to_have_text("4. Tensor-parallel sharding")
