@@ -86,7 +86,7 @@ bench-tp: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m bench.tp_bench
 
 # What-if executor: fit the `cpu` device to this machine's live engine (writes
-# engine/sim/cpu_calibration.json; with the bench's allocator), and its evidence against published
+# .cache/calibration/<machine key>.json, engine/sim/calibration.py; with the bench's allocator), and its evidence against published
 # results. sim-vs-live: the fitted device against the live engine and server on this machine.
 calibrate: $(STAMP) $(KERNEL_STAMP) $(TCMALLOC)
 	$(PRELOAD) $(PY) -m bench.calibrate

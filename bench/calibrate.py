@@ -1,14 +1,17 @@
 """`make calibrate`: fit the what-if `cpu` device to this machine's live engine.
 
-Times the live engine's own steps (SmolLM2-135M, bf16, this machine's cores) on a grid of
+Times the live engine's own steps (SmolLM2-135M, dtype auto, this machine's cores) on a grid of
 shapes (batch x prompt length, chunked prefill), records each step's shape exactly as the cost
 model's runner reads it (engine/sim/runner.py step_shape), and fits the device's constants
 (achieved FLOP/s, achieved bandwidth, attention efficiency, per-step overhead, host time per
 sampled row) by minimising the squared log error of the cost model's prediction over every step
 (Nelder-Mead, numpy only).
-Writes engine/sim/cpu_calibration.json (committed) with the date, the command, the fit error and
-the execution configuration it measured (attention path, compile, threads, allocator), which
-bench/sim_vs_live.py reproduces for its live runs.
+Writes this machine's calibration to .cache/calibration/<key>.json (engine/sim/calibration.py:
+keyed on the CPU, its ISA tier, the dtype, the threads and the step code's hash) with the date,
+the command, the fit error and the execution configuration it measured (attention path, compile,
+threads, allocator), which bench/sim_vs_live.py reproduces for its live runs. `--reference` also
+makes it the committed reference (engine/sim/cpu_calibration.json), which other machines use
+named as foreign until they calibrate.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 
 from engine.config import EngineConfig
 from engine.memory import MemoryPlan
+from engine.sim import calibration
 from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.deployment import Deployment
 from engine.sim.devices import CPU_CALIBRATION, Device
@@ -130,7 +134,8 @@ def nelder_mead(f, x0: np.ndarray, steps: int = 600, scale: float = 0.5) -> np.n
 
 def main() -> None:
     # No prefix caching: a repeat of the grid must compute every step again, not hit the cache.
-    config = EngineConfig(dtype="bfloat16", max_num_seqs=64, max_batched_tokens=512, prefix_caching=False)
+    # dtype "auto": what `make run` serves on this machine (bf16 with native bf16, else fp32).
+    config = EngineConfig(max_num_seqs=64, max_batched_tokens=512, prefix_caching=False)
     samples, memory, run_config = measure(config)
     memory_gb = config.memory_cap_mb / 1024
     x0 = np.log([5e10, 1e10, 0.3, 2e-3, 2e-5])
@@ -153,8 +158,13 @@ def main() -> None:
                    "attention_efficiency": dev.attention_efficiency, "step_overhead_s": dev.step_overhead_s,
                    "layer_overhead_s": 0.0, "sample_overhead_s": 0.0, "token_overhead_s": dev.token_overhead_s},
     }
-    CPU_CALIBRATION.write_text(json.dumps(result, indent=2) + "\n")
+    key = calibration.this_machine(config.dtype, run_config["num_threads"])
+    result["engine"]["dtype"] = key.dtype  # what "auto" resolved to here
     print(json.dumps(result, indent=2))
+    print(f"this machine's calibration: {calibration.write(result, key)}")
+    if "--reference" in sys.argv:  # the committed reference machine's, which other machines name as foreign
+        calibration.write(result, key, directory=CPU_CALIBRATION.parent).rename(CPU_CALIBRATION)
+        print(f"and the reference: {CPU_CALIBRATION}")
 
 
 if __name__ == "__main__":

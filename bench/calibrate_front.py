@@ -9,7 +9,7 @@ Starts `python -m engine serve --replicas 1` in the calibration's execution conf
 - cpu_per_token_s: CPU seconds of the front process and of the clients (this process's load
   generator threads) per streamed token, over a burst through the server. On two cores shared
   with the engine's two threads, each of those CPU seconds stalls a step about as long.
-Both are measured, not fitted; merged into engine/sim/cpu_calibration.json under "front".
+Both are measured, not fitted; merged into this machine's calibration under "front" (`--reference`: the committed one too).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def hop_latency(port: int, model: str, prompt: list[int]) -> float:
 def main() -> None:
     from engine.model.paths import DEFAULT_MODEL_NAME
     from engine.serving.loadgen import HttpTarget, make_requests, run_load
+    from engine.sim import calibration
     from engine.sim.devices import CPU_CALIBRATION
 
     exe = calibrated_execution()
@@ -99,9 +100,13 @@ def main() -> None:
         "tokens": tokens,
         "load_average": list(os.getloadavg()),
     }
-    calibration = json.loads(CPU_CALIBRATION.read_text())
-    calibration["front"] = front
-    CPU_CALIBRATION.write_text(json.dumps(calibration, indent=2) + "\n")
+    found = calibration.load()
+    if found is None or not found.this_machine:
+        sys.exit("no calibration of this machine to add the front to: run `python -m bench.calibrate` first")
+    found.data["front"] = front
+    found.path.write_text(json.dumps(found.data, indent=2) + "\n")
+    if "--reference" in sys.argv:
+        CPU_CALIBRATION.write_text(json.dumps(found.data, indent=2) + "\n")
     print(json.dumps(front, indent=2))
 
 

@@ -13,7 +13,7 @@ the live engine on this machine, in one run (issue 12).
 
 Output tok/s, median TTFT and median TPOT, live against simulated (goal: each within +-15%).
 The live runs use the execution configuration the calibration measured (attention path,
-compile, threads, allocator: engine/sim/cpu_calibration.json), re-executing this script with the
+compile, threads, allocator: the calibration in use, engine/sim/calibration.py), re-executing this script with the
 calibration's LD_PRELOAD if it differs. Prints a markdown table; writes bench/results/
 sim_vs_live.json (.cache/sim_vs_live_quick.json with --quick). Run it alone on the machine.
 """
@@ -53,9 +53,14 @@ Workload = list[tuple[float, int, int]]  # (arrival offset s, prompt tokens, out
 
 def calibrated_execution() -> dict[str, Any]:
     """The calibration's execution settings; exits when the file predates their recording."""
-    from engine.sim.devices import CPU_CALIBRATION
+    from engine.sim import calibration
 
-    fit = json.loads(CPU_CALIBRATION.read_text())
+    found = calibration.load()
+    if found is None:
+        sys.exit("no calibration: run `make calibrate`")
+    if not found.this_machine:
+        print(f"warning: the calibration is another machine's ({'; '.join(found.differences)}): run `make calibrate`")
+    fit = found.data
     engine = fit.get("engine", {})
     missing = [k for k in EXECUTION_KEYS if k not in engine]
     if missing:

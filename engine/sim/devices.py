@@ -1,18 +1,18 @@
 """The devices a what-if run can simulate: datasheet peaks and the achieved fractions of them.
 
-GPU figures come from constants.py; `cpu` (this machine) comes from the file `make calibrate`
-writes (engine/sim/cpu_calibration.json), fitted to the live engine's own step times."""
+GPU figures come from constants.py; `cpu` (this machine) comes from the calibration
+engine/sim/calibration.py picks (this machine's, from `make calibrate`, else the committed
+reference machine's), fitted to the live engine's own step times."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
+from engine.sim import calibration
 from engine.sim import constants as C
 
-CPU_CALIBRATION = Path(__file__).with_name("cpu_calibration.json")
+CPU_CALIBRATION = calibration.REFERENCE  # the reference machine's, committed
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,13 @@ def _gpu(name: str) -> Device:
 
 
 def _cpu() -> Device | None:
-    """This machine, from its calibration; None until `make calibrate` has written it."""
-    if not CPU_CALIBRATION.exists():
+    """This machine, from its calibration (engine/sim/calibration.py: this machine's own where
+    `make calibrate` wrote one, else the reference machine's, which every prediction then names
+    as foreign); None when there is neither."""
+    found = calibration.load()
+    if found is None:
         return None
-    calibration = json.loads(CPU_CALIBRATION.read_text())
-    fit, front = calibration["device"], calibration.get("front", {})
+    fit, front = found.data["device"], found.data.get("front", {})
     return Device(
         "cpu", fit["memory_gb"], int(fit["memory_gb"] * C.GiB), fit["mem_bw"], {"bf16": fit["flops"]}, 0.0,
         gemm_efficiency=1.0, attention_efficiency=fit["attention_efficiency"], bw_efficiency=1.0,

@@ -18,6 +18,7 @@ import numpy as np
 from engine.errors import InvalidParamError
 from engine.serving.live_limits import replica_bounds
 from engine.serving.metrics import WINDOW_S
+from engine.sim import calibration
 from engine.sim.compare import command_for
 from engine.sim.deployment import SimConfigError
 from engine.sim.run import SimSpec, simulate
@@ -75,11 +76,19 @@ def predict(levers: dict[str, Any]) -> dict[str, Any]:
         raise InvalidParamError("device", f"the simulator cannot predict this: {err}") from None
     horizon = spec.num_requests / spec.rate
     rows = windowed_tokens_per_s(result.pop("timeline"))
+    found = calibration.load()
+    status = found.status() if found is not None else None
+    if status is not None and status["this_machine"]:
+        badge = f"predicted: the simulator, cpu device calibrated on this machine ({status['date'][:10]})"
+    else:  # never passed off as this machine's: say whose it is (engine/sim/calibration.py)
+        where = f"{status['cpu']}, {status['date'][:10]}" if status else "no machine"
+        badge = f"predicted: the simulator, cpu device calibrated on another machine ({where}); `make calibrate` fits this one"
     return {
         "horizon_s": horizon,
         "requests": spec.num_requests,
         "command": command_for(spec) + "  # with SimSpec.front_on_device (the live server's front on these cores)",
-        "badge": "predicted: the simulator, cpu device calibrated to this machine",
+        "badge": badge,
+        "calibration": status,
         "series": [
             {
                 "t": row["t"],

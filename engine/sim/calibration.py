@@ -1,0 +1,124 @@
+"""Which calibration the what-if `cpu` device uses, and whether it describes this machine.
+
+A calibration (bench/calibrate.py) fits the cost model to the live engine's own step times. It
+holds only for the machine and the engine build it was measured on, so each one records its
+`MachineKey`: the CPU's name, its ISA tier (the hardware's and the one in use: "AMD EPYC" names a
+Zen 3 and a Zen 4 alike), the dtype the engine resolves to, its thread count and a hash of the
+code a step runs. `make calibrate` writes this machine's to `.cache/calibration/<key>.json`; the
+committed `cpu_calibration.json` is one reference machine's. `load()` prefers this machine's;
+without one it returns the reference marked foreign, and everything that shows a prediction says
+so (`status()`), so a figure fitted elsewhere is never passed off as this machine's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+REFERENCE = Path(__file__).with_name("cpu_calibration.json")
+CALIBRATION_DIR = ROOT / ".cache" / "calibration"
+# What a step's time depends on besides its shape: the model, the kernels, the runner and the
+# scheduler that shapes the batch. A change to any of them makes an earlier fit stale.
+STEP_CODE = ("engine/model", "engine/kernels", "engine/runner.py", "engine/scheduler.py", "engine/sampler.py",
+             "engine/block_manager.py", "engine/llm_engine.py", "engine/memory.py")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MachineKey:
+    cpu: str  # the CPU's name as the OS gives it
+    hardware_tier: str  # what the CPU has (engine/machine.py tiers)
+    tier: str  # what the engine uses (SERVELAB_CPU_ISA may cap it)
+    dtype: str  # the dtype the engine resolves "auto" (or the asked one) to here
+    threads: int
+    code: str  # STEP_CODE's hash
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    def differences(self, other: dict[str, Any]) -> list[str]:
+        """Fields where a recorded key (a calibration file's) differs from this one, said as
+        `field: theirs (this machine: ours)`."""
+        mine = asdict(self)
+        return [f"{k}: {other.get(k, 'not recorded')} (this machine: {mine[k]})"
+                for k in mine if other.get(k) != mine[k]]  # fmt: skip
+
+
+@functools.cache
+def code_hash(root: Path = ROOT) -> str:
+    digest = hashlib.sha256()
+    for entry in STEP_CODE:
+        path = root / entry
+        if path.is_dir():
+            files = sorted(p for p in path.rglob("*") if p.suffix in (".py", ".cpp", ".h"))
+        else:
+            files = [path] if path.exists() else []
+        for file in files:
+            digest.update(str(file.relative_to(root)).encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def this_machine(dtype: str = "auto", threads: int | None = None) -> MachineKey:
+    from engine import machine
+
+    info = machine.cpu()
+    resolved, _ = machine.resolve_dtype(dtype, "cpu", info)
+    return MachineKey(info.model, info.hardware_tier, info.tier, resolved, threads or info.cores, code_hash())
+
+
+def path_for(key: MachineKey, directory: Path | None = None) -> Path:
+    return (directory or CALIBRATION_DIR) / f"{key.digest()}.json"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    data: dict[str, Any]  # the file: date, command, engine, device fit, front
+    path: Path
+    this_machine: bool
+    differences: tuple[str, ...]  # why it is not this machine's (empty when it is)
+
+    def status(self) -> dict[str, Any]:
+        """For the predict panel and the CLI: which machine the prediction describes."""
+        key = self.data.get("machine", {})
+        return {
+            "this_machine": self.this_machine,
+            "cpu": f"{key.get('cpu', 'an unrecorded CPU')} ({key.get('tier', 'tier not recorded')})",
+            "date": self.data.get("date", ""),
+            "differences": list(self.differences),
+            "path": str(self.path.relative_to(ROOT)) if self.path.is_relative_to(ROOT) else str(self.path),
+        }
+
+
+def load(
+    key: MachineKey | None = None, directory: Path | None = None, reference: Path = REFERENCE
+) -> Calibration | None:
+    """This machine's calibration, else the reference one marked foreign, else None."""
+    key = key or this_machine()
+    own = path_for(key, directory)
+    if own.exists():
+        return Calibration(json.loads(own.read_text()), own, True, ())
+    if not reference.exists():
+        return None
+    data = json.loads(reference.read_text())
+    recorded = data.get("machine", {})
+    differences = tuple(key.differences(recorded)) if recorded else ("no machine recorded",)
+    return Calibration(data, reference, not differences, differences)
+
+
+def write(result: dict[str, Any], key: MachineKey, directory: Path | None = None) -> Path:
+    """Store a fit as this machine's (`make calibrate`)."""
+    path = path_for(key, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamped = {"machine": asdict(key), **result}
+    stamped.setdefault("date", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    path.write_text(json.dumps(stamped, indent=2) + "\n")
+    return path
+
+
+KEY_FIELDS = tuple(f.name for f in fields(MachineKey))
