@@ -42,7 +42,7 @@ $(KERNEL_STAMP): $(STAMP) $(KERNEL_SRC)
 kernels: $(KERNEL_STAMP)
 
 run: $(STAMP) $(NODE_STAMP) $(KERNEL_STAMP)
-	$(PY) app.py --host "$${HOST:-127.0.0.1}" --port "$${PORT:-5000}"
+	$(PY) app.py --host "$${HOST:-127.0.0.1}" --port "$${PORT:-5000}" --calibrate-in-background
 
 # The engine, kernel and serving tests a second time as on an AVX2 CPU, whatever CPU runs them:
 # no AVX-512 and no native bf16 (dtype auto is fp32), the op's AVX2 loops, torch's AVX2 kernels.

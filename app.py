@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 from flask import Flask, request
 from flask_socketio import SocketIO
@@ -37,6 +39,8 @@ from web.page_session import PageSessions
 from web.pages import pages
 from web.remote_api import create_remote_api_app
 from web.whatif import whatif
+
+ROOT = Path(__file__).resolve().parent
 
 # The teaching app's heartbeat: its lab's proxy idle timeout (proxy_idle_timeout_s) goes down to
 # a few seconds in the lessons, and `: ping` must come more often than that for the heartbeat
@@ -102,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="auto: bf16 where this machine multiplies it natively, else fp32")
     parser.add_argument("--model-path", default=None, help="a GGUF file or HF folder for the live engine (default: SmolLM2)")
     parser.add_argument("--drain-timeout-s", type=float, default=30.0)
+    parser.add_argument("--calibrate-in-background", action="store_true",
+                        help="fit the what-if cpu device to this machine at the lowest priority if it has no fit yet (make run)")  # fmt: skip
     parser.add_argument("--backend", choices=("local", "remote"), default="local",
                         help="remote: drive and watch an existing vLLM / SGLang / ServeLab server")
     parser.add_argument("--base-url", default=os.environ.get("REMOTE_BASE_URL"), help="the remote's API root")
@@ -127,9 +133,29 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("servelab.app").info(
         "levers: %s", "instructor only (SERVELAB_INSTRUCTOR_TOKEN)" if token else "anyone connected may move them"
     )
+    if args.calibrate_in_background:
+        start_background_calibration()
     # The lab's clients reach the server as any user does, over HTTP (through the lab's proxy):
     # told its URL once the port is bound.
     return serve_app(lab.fleet, create_app(lab, token), args.host, args.port, on_stop=lab.stop, on_bound=lab.connect)
+
+
+def start_background_calibration() -> None:
+    """`make run`'s first start on a machine: `python -m bench.calibrate` at nice 19 and SCHED_IDLE
+    (it runs on the cycles the live engine leaves; the page does not wait for it), unless this
+    machine and engine build already have a fit or one is being made."""
+    from engine.sim import calibration
+
+    key = calibration.this_machine()
+    log = logging.getLogger("servelab.app")
+    found = calibration.load(key)
+    if (found is not None and found.this_machine) or calibration.calibrating_for_s(key) is not None:
+        return
+    calibration.CALIBRATION_DIR.mkdir(parents=True, exist_ok=True)
+    out = open(calibration.path_for(key).with_suffix(".log"), "w")  # noqa: SIM115 - the child holds it
+    subprocess.Popen([sys.executable, "-m", "bench.calibrate", "--background"], cwd=ROOT, stdout=out,
+                     stderr=subprocess.STDOUT)  # fmt: skip
+    log.info("calibrating the what-if cpu device to this machine in the background (log: %s)", out.name)
 
 
 def main_remote(args: argparse.Namespace, levers: dict, token: str | None) -> int:

@@ -5,6 +5,11 @@ one's (the prediction's badge and status say whose it is)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -86,3 +91,38 @@ def test_a_prediction_on_another_machines_calibration_says_whose(
     calibration.write(json.loads(calibration.REFERENCE.read_text()), calibration.this_machine(), tmp_path)
     out = predict(levers)
     assert out["calibration"]["this_machine"] is True and "calibrated on this machine" in out["badge"]
+
+
+def test_a_running_calibration_is_said_and_a_dead_ones_marker_is_not(tmp_path: Path) -> None:
+    marker = calibration.running_marker(key(), tmp_path)
+    marker.write_text(json.dumps({"pid": os.getpid(), "started": time.time() - 42}))
+    assert 41 <= (calibration.calibrating_for_s(key(), tmp_path) or 0) <= 60
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    marker.write_text(json.dumps({"pid": dead.pid, "started": time.time()}))
+    assert calibration.calibrating_for_s(key(), tmp_path) is None
+
+
+def test_make_runs_background_calibration_starts_once_at_the_lowest_priority(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """app.py --calibrate-in-background: the real `python -m bench.calibrate --background`,
+    niced and idle-class, its marker naming it; a second start while it runs starts nothing."""
+    import app
+
+    monkeypatch.setattr(calibration, "CALIBRATION_DIR", tmp_path)
+    monkeypatch.setenv("SERVELAB_CALIBRATION_DIR", str(tmp_path))  # the child's too
+    this = calibration.this_machine()
+    app.start_background_calibration()
+    deadline = time.monotonic() + 60
+    while calibration.calibrating_for_s(this, tmp_path) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    run = json.loads(calibration.running_marker(this, tmp_path).read_text())
+    try:
+        assert os.getpriority(os.PRIO_PROCESS, run["pid"]) == 19
+        if sys.platform == "linux":
+            assert os.sched_getscheduler(run["pid"]) == os.SCHED_IDLE
+        app.start_background_calibration()  # already running: nothing new
+        assert len(list(tmp_path.glob("*.log"))) == 1
+    finally:
+        os.kill(run["pid"], signal.SIGKILL)

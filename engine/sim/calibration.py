@@ -16,13 +16,16 @@ import datetime
 import functools
 import hashlib
 import json
+import os
+import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 REFERENCE = Path(__file__).with_name("cpu_calibration.json")
-CALIBRATION_DIR = ROOT / ".cache" / "calibration"
+# SERVELAB_CALIBRATION_DIR: somewhere else (tests keep theirs apart from this machine's real one).
+CALIBRATION_DIR = Path(os.environ.get("SERVELAB_CALIBRATION_DIR") or ROOT / ".cache" / "calibration")
 # What a step's time depends on besides its shape: the model, the kernels, the runner and the
 # scheduler that shapes the batch. A change to any of them makes an earlier fit stale.
 STEP_CODE = ("engine/model", "engine/kernels", "engine/runner.py", "engine/scheduler.py", "engine/sampler.py",
@@ -76,6 +79,23 @@ def path_for(key: MachineKey, directory: Path | None = None) -> Path:
     return (directory or CALIBRATION_DIR) / f"{key.digest()}.json"
 
 
+def running_marker(key: MachineKey, directory: Path | None = None) -> Path:
+    """Exists while a calibration of this key runs: {"pid", "started"} (bench/calibrate.py)."""
+    return path_for(key, directory).with_suffix(".running")
+
+
+def calibrating_for_s(key: MachineKey, directory: Path | None = None) -> float | None:
+    """How long a calibration of this key that is still running has run (wall seconds: this is
+    the machine's own state, not a simulated clock), else None."""
+    marker = running_marker(key, directory)
+    try:
+        run = json.loads(marker.read_text())
+        os.kill(int(run["pid"]), 0)  # still alive? (a killed run leaves its marker behind)
+        return max(0.0, time.time() - float(run["started"]))
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 @dataclass(frozen=True)
 class Calibration:
     data: dict[str, Any]  # the file: date, command, engine, device fit, front
@@ -83,10 +103,12 @@ class Calibration:
     this_machine: bool
     differences: tuple[str, ...]  # why it is not this machine's (empty when it is)
 
-    def status(self) -> dict[str, Any]:
-        """For the predict panel and the CLI: which machine the prediction describes."""
+    def status(self, calibrating_for_s: float | None = None) -> dict[str, Any]:
+        """For the predict panel and the CLI: which machine the prediction describes, and how
+        long this machine's own calibration has been running, if it is."""
         key = self.data.get("machine", {})
         return {
+            "calibrating_for_s": None if calibrating_for_s is None else round(calibrating_for_s),
             "this_machine": self.this_machine,
             "cpu": f"{key.get('cpu', 'an unrecorded CPU')} ({key.get('tier', 'tier not recorded')})",
             "date": self.data.get("date", ""),

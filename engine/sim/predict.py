@@ -76,13 +76,18 @@ def predict(levers: dict[str, Any]) -> dict[str, Any]:
         raise InvalidParamError("device", f"the simulator cannot predict this: {err}") from None
     horizon = spec.num_requests / spec.rate
     rows = windowed_tokens_per_s(result.pop("timeline"))
-    found = calibration.load()
-    status = found.status() if found is not None else None
+    key = calibration.this_machine()
+    found = calibration.load(key)
+    status = found.status(calibration.calibrating_for_s(key)) if found is not None else None
     if status is not None and status["this_machine"]:
         badge = f"predicted: the simulator, cpu device calibrated on this machine ({status['date'][:10]})"
     else:  # never passed off as this machine's: say whose it is (engine/sim/calibration.py)
         where = f"{status['cpu']}, {status['date'][:10]}" if status else "no machine"
-        badge = f"predicted: the simulator, cpu device calibrated on another machine ({where}); `make calibrate` fits this one"
+        badge = f"predicted: the simulator, cpu device calibrated on another machine ({where}); "
+        if status is not None and status["calibrating_for_s"] is not None:
+            badge += f"calibrating this machine ({status['calibrating_for_s']} s so far)"
+        else:
+            badge += "`make calibrate` fits this one"
     return {
         "horizon_s": horizon,
         "requests": spec.num_requests,
