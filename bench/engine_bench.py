@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="ServeLab's (auto: what engine/machine.py picks here)")
     parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM-CPU's; float32 is its best without native bf16")
     parser.add_argument("--no-compile", action="store_true", help="ServeLab eager, as `make run` serves it")
+    parser.add_argument("--as-served", action="store_true",
+                        help="ServeLab exactly as `make run` serves it: eager, 4 KiB pages (run without LD_PRELOAD)")  # fmt: skip
     parser.add_argument("--skip-hf", action="store_true", help="no HF transformers row")
     args = parser.parse_args(argv)
     n = args.num_requests
@@ -120,9 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     # ServeLab's recommended configuration compiles the forward and puts the KV cache on huge
     # pages (both off by default so that tests and the lab's replica rebuilds start in seconds). ServeLab and vLLM alternate,
     # A B A B, so that the machine's drift shows in the spread instead of in the ratio.
+    served = args.as_served
+    if served and os.environ.get("LD_PRELOAD"):
+        print("warning: --as-served with LD_PRELOAD set: `make run` preloads nothing", flush=True)
     llm = build_servelab(
-        True, args.dtype, max_num_seqs=n, device=args.device, compile=on_cpu and not args.no_compile, huge_pages=on_cpu
-    )
+        True, args.dtype, max_num_seqs=n, device=args.device,
+        compile=on_cpu and not (args.no_compile or served), huge_pages=on_cpu and not served,
+    )  # fmt: skip
     print(f"servelab: {llm.engine.plan.summary() if llm.engine.plan else '?'}", flush=True)
     with_vllm = on_cpu and not args.skip_peers and PEERS_PY.exists()
     rounds: list[tuple[float, float | None]] = []
