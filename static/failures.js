@@ -1,6 +1,8 @@
 // The failure gallery (/failures): each row's sparkline reads its metric key from every /live
 // snapshot, and its toggle sends set_levers {lever: false | true} on app.js's socket (the server
-// refuses a watching browser, as it does everywhere).
+// refuses a watching browser, as it does everywhere). The collective_timeout row's "Stop a rank" /
+// "Resume it" send hang_rank {action: "stop" | "resume"} and show the answer in the row; they are
+// live-engine only (disabled while the lab runs simulated or remote).
 (function () {
   "use strict";
   const POINTS = 120; // 20 s of snapshots at 6 a second
@@ -12,6 +14,10 @@
     points: [], last: null,
   }));
   window.servelab.failures = rows; // for the browser test: what each sparkline holds
+  const hang = { buttons: Array.from(document.querySelectorAll(".hang-rank")), watching: false, live: true, pending: false };
+  function showHang() {
+    for (const b of hang.buttons) b.disabled = hang.watching || !hang.live || hang.pending;
+  }
 
   // A snapshot's reading for one row: a level as it is, a running count as its rate per second,
   // a list (one per replica) as its largest; null when the snapshot has no such key.
@@ -51,6 +57,7 @@
   }
   socket.on("metrics", (snap) => {
     window.servelab.lastSnapshot = snap;
+    if (hang.buttons.length && hang.live !== (snap.executor === "live")) { hang.live = snap.executor === "live"; showHang(); }
     for (const row of rows) {
       const v = reading(row, snap);
       row.points.push(v);
@@ -64,7 +71,24 @@
   });
   socket.on("hello", (msg) => {
     if (msg.role === "viewer") for (const row of rows) row.button.disabled = true;
+    hang.watching = msg.role === "viewer";
+    if (msg.lab) hang.live = msg.lab.executor === "live";
+    showHang();
   });
+  for (const b of hang.buttons) {
+    b.addEventListener("click", () => {
+      const status = b.parentElement.querySelector(".hang-status");
+      hang.pending = true;
+      showHang();
+      socket.emit("hang_rank", { action: b.dataset.action }, (ack) => {
+        hang.pending = false;
+        showHang();
+        status.classList.toggle("error", !ack.ok);
+        status.classList.toggle("muted", ack.ok);
+        status.textContent = ack.ok ? ack.message : ack.error.message;
+      });
+    });
+  }
   for (const row of rows) {
     showLever(row, row.button.dataset.on === "true");
     row.button.addEventListener("click", () => {

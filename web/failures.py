@@ -86,7 +86,8 @@ FAILURES: tuple[Failure, ...] = (
     Failure(6, "collective_timeout", "A stopped rank hangs the group", "tokens_per_s", Direction.DOWN,
             "One GPU of a tensor-parallel group stops answering: the others wait inside an all-reduce "
             "forever, health checks pass, and the replica serves nothing until someone looks.",
-            needs="tensor_parallel 2 and a rank stopped (SIGSTOP)"),
+            needs="tensor_parallel 2, requests running, and a rank stopped: Stop a rank (SIGSTOP) here, "
+            "Resume it (SIGCONT)"),
     Failure(7, "drain_on_scale_in", "Scale-in cuts answers mid-sentence", "streams_cut_mid_stream", Direction.UP,
             "The autoscaler terminates a replica that is still streaming: users see answers stop in the "
             "middle, every scale-in is an outage for whoever was on that machine.", Shape.RATE,

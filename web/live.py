@@ -6,7 +6,8 @@ bottleneck readings, recommended shape and levers), `event` (one per discrete ev
 the whole window, `full: true`, on connect and when the executor switches), `hello`
 (on connect: the live state and this browser's role). Both come from the executor the lab runs:
 in simulated mode the simulated fleet's, times in simulated seconds, each marked (`executor`,
-`badge`; an event's `sim`). Browser -> server: `set_levers`, `flood`, `scenario`,
+`badge`; an event's `sim`). Browser -> server: `set_levers`, `flood`, `scenario`, `hang_rank`
+({"action": "stop" | "resume"}: the failure gallery's stopped rank, engine/serving/rank_hang.py),
 each answered through the acknowledgement callback with {ok, ...} or {ok: false, error}.
 
 When SERVELAB_INSTRUCTOR_TOKEN is set, only a connection that presents it (auth.token) may
@@ -57,6 +58,7 @@ class LiveChannel:
         socketio.on_event("set_levers", self.on_set_levers, namespace=NAMESPACE)
         socketio.on_event("flood", self.on_flood, namespace=NAMESPACE)
         socketio.on_event("scenario", self.on_scenario, namespace=NAMESPACE)
+        socketio.on_event("hang_rank", self.on_hang_rank, namespace=NAMESPACE)
         lab.subscribe(self.publish)  # the live fleet's snapshots, or the simulated fleet's
 
     # server -> browsers --------------------------------------------------------------------------
@@ -141,6 +143,10 @@ class LiveChannel:
     def on_flood(self, data: Any) -> dict[str, Any]:
         data = data if isinstance(data, dict) else {}
         return self._guarded(lambda: self.lab.flood(data.get("action", ""), data.get("to"), data.get("over_s", 30.0)))
+
+    def on_hang_rank(self, data: Any) -> dict[str, Any]:
+        data = data if isinstance(data, dict) else {}
+        return self._guarded(lambda: self.lab.hang_rank(data.get("action", "")))
 
     def on_scenario(self, data: Any) -> dict[str, Any]:
         return self._guarded(lambda: self._scenario(data if isinstance(data, dict) else {}))

@@ -37,6 +37,7 @@ from engine.serving.events import EventLog
 from engine.serving.fleet import Fleet
 from engine.serving.lab_clients import simulated_client_fields
 from engine.serving.live_limits import check_live, check_ramp, live_devices, replica_bounds
+from engine.serving.rank_hang import RankHang
 from engine.serving.replica_api import SERVING
 from engine.serving.shape import shape_for
 from engine.serving.traces import RequestTraces
@@ -80,6 +81,7 @@ class LiveLab:
         self.traffic = TrafficDriver(fleet.router, lambda: self.levers, api_key=api_key or "flood")
         self.autoscaler = Autoscaler(fleet, AutoscalerConfig.from_levers(self._scaling()))
         self.autoscaler.start()
+        self.hangs = RankHang(lambda: fleet.replicas, fleet.events)  # the failure gallery's stopped rank
         threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
 
     @property
@@ -187,6 +189,7 @@ class LiveLab:
             sim = SimLab(merged, lambda snap: self._sim_snapshot(sim, snap))
             if entering:
                 self.traffic.stop()  # the live flood ends: one fleet has traffic at a time
+                self.hangs.release("the lab switched to the simulated executor")
             if old is None or old.sending:
                 sim.start_traffic()  # a simulated fleet is there to be watched under load
             if old is not None:
@@ -203,6 +206,7 @@ class LiveLab:
         return {"changed": changed, "rebuild": False, "levers": dict(merged)}
 
     def _rebuild(self) -> None:
+        self.hangs.release("the replicas are rebuilt (a stopped rank would hold its group's drain)")
         self.status = "rebuilding"
         fewest, most = replica_bounds(self.levers)
         serving = sum(r.state in SERVING for r in self.fleet.replicas)
@@ -267,6 +271,16 @@ class LiveLab:
         else:
             raise InvalidParamError("action", "must be start, ramp or stop")
         return self.traffic_state()
+
+    def hang_rank(self, action: str) -> dict[str, Any]:
+        """The collective_timeout row: "stop" SIGSTOPs rank 1 of a ready tensor-parallel replica,
+        "resume" SIGCONTs it (engine/serving/rank_hang.py). Simulated, there is no process to stop."""
+        with self._lock:
+            if self.sim is not None and action in ("stop", "resume"):
+                raise ServingError(
+                    409, "the simulated executor has no rank processes to stop: switch executor to live", "executor"
+                )
+            return self.hangs.act(action, traffic_on=self.traffic.running)
 
     def traffic_state(self) -> dict[str, Any]:
         if self.sim is not None:
@@ -374,6 +388,7 @@ class LiveLab:
         return len(request_ids)
 
     def stop(self) -> None:
+        self.hangs.release("the lab stopped")
         self.traffic.stop()
         self.traffic.close()
         self.autoscaler.stop()

@@ -44,6 +44,11 @@ class LabFacade(Protocol):
         """The lab's traffic: start, ramp or stop."""
         ...
 
+    def hang_rank(self, action: str) -> dict[str, Any]:
+        """The collective_timeout row's fault: "stop" one rank of a tensor-parallel replica
+        (SIGSTOP), "resume" it (SIGCONT); refused where no process of the lab's runs a rank."""
+        ...
+
     def live_state(self) -> dict[str, Any]:
         """What the pages show of the lab (status, model, levers, traffic, ...)."""
         ...

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
-from engine.errors import InvalidParamError
+from engine.errors import InvalidParamError, ServingError
 from engine.levers import LEVERS, validate_levers
 from engine.serving.events import EventLog
 from engine.serving.live_limits import check_ramp
@@ -165,6 +165,17 @@ class RemoteLab:
         else:
             raise InvalidParamError("action", "must be start, ramp or stop")
         return self.traffic_state()
+
+    def hang_rank(self, action: str) -> dict[str, Any]:
+        """The failure gallery's "Stop a rank": the remote's processes are not the lab's to signal."""
+        if action not in ("stop", "resume"):
+            raise InvalidParamError("action", "must be stop or resume")
+        raise ServingError(
+            409,
+            "a remote server's ranks are its own processes, not this lab's: stopping one needs ServeLab's "
+            "own engine (python app.py without --backend remote) with tensor_parallel 2",
+            "executor",
+        )
 
     def traffic_state(self) -> dict[str, Any]:
         return {
