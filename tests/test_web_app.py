@@ -140,35 +140,6 @@ def test_own_prompt_streams_through_the_queue(server: ServerProcess, page: Page)
     expect(page.locator("#prompt-timing")).to_contain_text(" (server; ")
 
 
-def test_with_keys_set_outside_clients_need_one_and_a_page_session_is_not_a_key(server: ServerProcess) -> None:
-    """The page's cookie and header pass; no key, a wrong key, a forged cookie, or the cookie
-    without the page's header (what another site's form could send) get 401 with the body named."""
-    body = {"prompt": "The sky is", "max_tokens": 2}
-    status, payload = server.request("POST", "/v1/completions", body)
-    assert status == 401 and json.loads(payload)["error"]["code"] == "unauthorized"
-    assert server.request("POST", "/v1/completions", body, {"Authorization": "Bearer wrong"})[0] == 401
-    assert server.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {API_KEY}"})[0] == 200
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    conn.request("GET", "/steps/1")
-    response = conn.getresponse()
-    response.read()
-    cookie = response.getheader("Set-Cookie") or ""
-    conn.close()
-    assert cookie.startswith("servelab_page=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
-    session = cookie.split(";", 1)[0]
-    page_headers = {"Cookie": session, "X-ServeLab-Page": "1"}
-    assert server.request("POST", "/v1/completions", body, page_headers)[0] == 200
-    assert server.request("POST", "/v1/completions", body, {"Cookie": session})[0] == 401
-    forged = session[: session.index(".") + 1] + "0" * 64
-    assert server.request("POST", "/v1/completions", body, {"Cookie": forged, "X-ServeLab-Page": "1"})[0] == 401
-
-
-def test_step_3_long_prompt_is_answered_with_keys_set(server: ServerProcess, page: Page) -> None:
-    open_as_instructor(page, server, "/steps/3")
-    page.click("#long-prompt")
-    expect(page.locator("#prompt-timing")).to_contain_text("answered in", timeout=120_000)
-
-
 def test_flood_ttft_chart_climbs_with_the_queue_on_both_lines(server: ServerProcess, page: Page) -> None:
     """Two batch slots and a flood: the wait in the queue shows on the ttft chart, where the
     server's line (from the one arrival stamp) and the clients' line climb together."""
@@ -321,3 +292,36 @@ def test_step_7_autoscales_from_the_warm_pool_and_drains_back(server: ServerProc
     assert page.evaluate("window.servelab.events.some(e => e.kind === 'scale' && e.delta < 0)")
     assert not page.evaluate("window.servelab.events.some(e => e.kind === 'cancelled')")
     set_levers(page, "{gpu_count: 1, queue_cap: 64}")
+
+
+# Last in the module: their requests (and step 3's 1,500-token prompt) would otherwise sit in the
+# 30 s metrics window that the flood test compares against its clients' own TTFT.
+
+
+def test_with_keys_set_outside_clients_need_one_and_a_page_session_is_not_a_key(server: ServerProcess) -> None:
+    """The page's cookie and header pass; no key, a wrong key, a forged cookie, or the cookie
+    without the page's header (what another site's form could send) get 401 with the body named."""
+    body = {"prompt": "The sky is", "max_tokens": 2}
+    status, payload = server.request("POST", "/v1/completions", body)
+    assert status == 401 and json.loads(payload)["error"]["code"] == "unauthorized"
+    assert server.request("POST", "/v1/completions", body, {"Authorization": "Bearer wrong"})[0] == 401
+    assert server.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {API_KEY}"})[0] == 200
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    conn.request("GET", "/steps/1")
+    response = conn.getresponse()
+    response.read()
+    cookie = response.getheader("Set-Cookie") or ""
+    conn.close()
+    assert cookie.startswith("servelab_page=") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    session = cookie.split(";", 1)[0]
+    page_headers = {"Cookie": session, "X-ServeLab-Page": "1"}
+    assert server.request("POST", "/v1/completions", body, page_headers)[0] == 200
+    assert server.request("POST", "/v1/completions", body, {"Cookie": session})[0] == 401
+    forged = session[: session.index(".") + 1] + "0" * 64
+    assert server.request("POST", "/v1/completions", body, {"Cookie": forged, "X-ServeLab-Page": "1"})[0] == 401
+
+
+def test_step_3_long_prompt_is_answered_with_keys_set(server: ServerProcess, page: Page) -> None:
+    open_as_instructor(page, server, "/steps/3")
+    page.click("#long-prompt")
+    expect(page.locator("#prompt-timing")).to_contain_text("answered in", timeout=120_000)
