@@ -70,7 +70,7 @@
     }
   });
   socket.on("hello", (msg) => {
-    if (msg.role === "viewer") for (const row of rows) row.button.disabled = true;
+    for (const row of rows) row.button.disabled = msg.role === "viewer"; // both ways: a class ends, a watcher leads again
     hang.watching = msg.role === "viewer";
     if (msg.lab) hang.live = msg.lab.executor === "live";
     showHang();
