@@ -149,7 +149,7 @@ def start_background_calibration() -> None:
     key = calibration.this_machine()
     log = logging.getLogger("servelab.app")
     found = calibration.load(key)
-    if (found is not None and found.this_machine) or calibration.calibrating_for_s(key) is not None:
+    if (found is not None and found.this_machine) or calibration.calibrating_since(key) is not None:
         return
     calibration.CALIBRATION_DIR.mkdir(parents=True, exist_ok=True)
     out = open(calibration.path_for(key).with_suffix(".log"), "w")  # noqa: SIM115 - the child holds it

@@ -143,7 +143,8 @@ def main() -> None:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     marker = calibration.running_marker(calibration.this_machine(config.dtype))
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"pid": os.getpid(), "started": time.time()}))  # the predict panel says so
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    marker.write_text(json.dumps({"pid": os.getpid(), "started": started}))  # the predict panel says so
     try:
         fit_and_write(config)
     finally:

@@ -151,7 +151,8 @@ class LLMEngine:
             config.device,
             config.dtype,
             dtype_reason,
-            "onednn-prepacked" if self.model.packed_lm_head is not None else machine.linear_path("", config.device),
+            # what the model did, not what it could have: it prepacks only where linear_path allowed
+            "onednn-prepacked" if self.model.packed_lm_head is not None else ("cublas" if config.device.startswith("cuda") else "torch"),
             machine.attention_path(config.device, pick_impl(None, self.model.embed) == "cpu"),
             self.model.compiled_forward is not None,
             torch.get_num_threads(),

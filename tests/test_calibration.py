@@ -95,12 +95,12 @@ def test_a_prediction_on_another_machines_calibration_says_whose(
 
 def test_a_running_calibration_is_said_and_a_dead_ones_marker_is_not(tmp_path: Path) -> None:
     marker = calibration.running_marker(key(), tmp_path)
-    marker.write_text(json.dumps({"pid": os.getpid(), "started": time.time() - 42}))
-    assert 41 <= (calibration.calibrating_for_s(key(), tmp_path) or 0) <= 60
+    marker.write_text(json.dumps({"pid": os.getpid(), "started": "2026-12-03T14:08:12+00:00"}))
+    assert calibration.calibrating_since(key(), tmp_path) == "2026-12-03T14:08:12+00:00"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    marker.write_text(json.dumps({"pid": dead.pid, "started": time.time()}))
-    assert calibration.calibrating_for_s(key(), tmp_path) is None
+    marker.write_text(json.dumps({"pid": dead.pid, "started": "2026-12-03T14:08:12+00:00"}))
+    assert calibration.calibrating_since(key(), tmp_path) is None
 
 
 def test_make_runs_background_calibration_starts_once_at_the_lowest_priority(
@@ -115,7 +115,7 @@ def test_make_runs_background_calibration_starts_once_at_the_lowest_priority(
     this = calibration.this_machine()
     app.start_background_calibration()
     deadline = time.monotonic() + 60
-    while calibration.calibrating_for_s(this, tmp_path) is None and time.monotonic() < deadline:
+    while calibration.calibrating_since(this, tmp_path) is None and time.monotonic() < deadline:
         time.sleep(0.2)
     run = json.loads(calibration.running_marker(this, tmp_path).read_text())
     try:

@@ -34,6 +34,7 @@ from engine.sim.compare import (
 )
 from engine.sim.predict import predict
 from engine.sim.presets import PRESETS
+from web.openai_api import error_response
 from web.whatif_worker import WhatIfWorker
 
 whatif = Blueprint("whatif", __name__, url_prefix="/whatif")
@@ -74,10 +75,7 @@ def _answer(work: Callable[[], dict[str, Any]]) -> tuple[Response, int]:
     except InvalidParamError as err:
         return jsonify(ServingError(400, err.message, err.param).body()), 400
     except ServingError as err:
-        response = jsonify(err.body())
-        if err.retry_after_s is not None:
-            response.headers["Retry-After"] = str(err.retry_after_s)
-        return response, err.status
+        return error_response(err), err.status  # with Retry-After where it has one
 
 
 def _in_worker(fn: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:

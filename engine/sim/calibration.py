@@ -12,12 +12,10 @@ so (`status()`), so a figure fitted elsewhere is never passed off as this machin
 
 from __future__ import annotations
 
-import datetime
 import functools
 import hashlib
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -84,14 +82,14 @@ def running_marker(key: MachineKey, directory: Path | None = None) -> Path:
     return path_for(key, directory).with_suffix(".running")
 
 
-def calibrating_for_s(key: MachineKey, directory: Path | None = None) -> float | None:
-    """How long a calibration of this key that is still running has run (wall seconds: this is
-    the machine's own state, not a simulated clock), else None."""
+def calibrating_since(key: MachineKey, directory: Path | None = None) -> str | None:
+    """When a calibration of this key that is still running started (its marker's UTC time, as
+    bench/calibrate.py wrote it: nothing here reads a clock), else None."""
     marker = running_marker(key, directory)
     try:
         run = json.loads(marker.read_text())
         os.kill(int(run["pid"]), 0)  # still alive? (a killed run leaves its marker behind)
-        return max(0.0, time.time() - float(run["started"]))
+        return str(run["started"])
     except (OSError, ValueError, KeyError):
         return None
 
@@ -103,12 +101,12 @@ class Calibration:
     this_machine: bool
     differences: tuple[str, ...]  # why it is not this machine's (empty when it is)
 
-    def status(self, calibrating_for_s: float | None = None) -> dict[str, Any]:
-        """For the predict panel and the CLI: which machine the prediction describes, and how
-        long this machine's own calibration has been running, if it is."""
+    def status(self, calibrating_since: str | None = None) -> dict[str, Any]:
+        """For the predict panel and the CLI: which machine the prediction describes, and since
+        when this machine's own calibration has been running, if it is."""
         key = self.data.get("machine", {})
         return {
-            "calibrating_for_s": None if calibrating_for_s is None else round(calibrating_for_s),
+            "calibrating_since": calibrating_since,
             "this_machine": self.this_machine,
             "cpu": f"{key.get('cpu', 'an unrecorded CPU')} ({key.get('tier', 'tier not recorded')})",
             "date": self.data.get("date", ""),
@@ -137,8 +135,7 @@ def write(result: dict[str, Any], key: MachineKey, directory: Path | None = None
     """Store a fit as this machine's (`make calibrate`)."""
     path = path_for(key, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    stamped = {"machine": asdict(key), **result}
-    stamped.setdefault("date", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
+    stamped = {"machine": asdict(key), **result}  # the result carries its own "date"
     path.write_text(json.dumps(stamped, indent=2) + "\n")
     return path
 
