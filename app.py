@@ -143,19 +143,28 @@ def main(argv: list[str] | None = None) -> int:
 def start_background_calibration() -> None:
     """`make run`'s first start on a machine: `python -m bench.calibrate` at nice 19 and SCHED_IDLE
     (it runs on the cycles the live engine leaves; the page does not wait for it), unless this
-    machine and engine build already have a fit or one is being made."""
+    machine and engine build already have a fit or one is being made; then (or at once, if the fit
+    exists) `python -m bench.figures --background`, the lessons' offline figures, if they are not
+    measured here yet."""
     from engine.sim import calibration
+    from web.figures import local_path
 
     key = calibration.this_machine()
     log = logging.getLogger("servelab.app")
+    if calibration.calibrating_since(key) is not None:
+        return
     found = calibration.load(key)
-    if (found is not None and found.this_machine) or calibration.calibrating_since(key) is not None:
+    figures = [] if local_path(key).exists() else ["-m", "bench.figures", "--background"]
+    if found is not None and found.this_machine and not figures:
         return
     calibration.CALIBRATION_DIR.mkdir(parents=True, exist_ok=True)
     out = open(calibration.path_for(key).with_suffix(".log"), "w")  # noqa: SIM115 - the child holds it
-    subprocess.Popen([sys.executable, "-m", "bench.calibrate", "--background"], cwd=ROOT, stdout=out,
-                     stderr=subprocess.STDOUT)  # fmt: skip
-    log.info("calibrating the what-if cpu device to this machine in the background (log: %s)", out.name)
+    if found is None or not found.this_machine:
+        command = [sys.executable, "-m", "bench.calibrate", "--background", *(["--then-figures"] if figures else [])]
+    else:
+        command = [sys.executable, *figures]
+    subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    log.info("measuring this machine in the background: %s (log: %s)", " ".join(command[1:]), out.name)
 
 
 def main_remote(args: argparse.Namespace, levers: dict, token: str | None) -> int:

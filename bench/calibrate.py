@@ -149,6 +149,10 @@ def main() -> None:
         fit_and_write(config)
     finally:
         marker.unlink(missing_ok=True)
+    if "--then-figures" in sys.argv:  # make run's first start: the lessons' offline figures next, as low
+        from bench import figures
+
+        figures.main(["--background"])
 
 
 def fit_and_write(config: EngineConfig) -> None:

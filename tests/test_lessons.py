@@ -121,7 +121,7 @@ def test_script_and_javascript_links_render_harmless(tmp_path: Path) -> None:
     evil = GOOD + '\n<script>alert("x")</script>\n\n[click](javascript:alert(1)) <img src=x onerror=alert(1)>\n'
     lesson, errors = parse_lesson(write(tmp_path, evil))
     assert not errors
-    html = lesson.body_html.lower()
+    html = (lesson.problem_html + lesson.body_html).lower()
     # Tags come out escaped as text; no live script, handler or javascript: link remains.
     assert "<script" not in html and "<img" not in html and 'href="javascript' not in html
     assert "<strong>bold</strong>" in html

@@ -65,6 +65,16 @@ def test_every_page_loads_shows_its_levers_and_streams_charts(server: ServerProc
             # The Plotly charts stream series; traces.js draws the others (tests/test_traces_page.py).
             keys, charts = list(lesson.meta["levers"]), [c for c in lesson.meta["charts"] if c not in TRACE_CHARTS]
             expect(page.locator("#decision .question")).to_have_text(lesson.meta["decision"]["question"])
+            # The problem and the decision above the charts, the experiments next, then the rest
+            # of the lesson, its last paragraph naming where its figures were measured.
+            order = page.evaluate(
+                "() => ['.lesson.problem', '#decision', '.charts', '.scenarios', '#figures-note'].map((s) => {"
+                " const el = document.querySelector(s); return el && el.getBoundingClientRect().top; })"
+            )
+            assert order[:4] == sorted(order[:4]), (path, order)
+            if lesson.figures:
+                assert order[4] > order[3], (path, order)
+                expect(page.locator("#figures-note")).to_contain_text("measured on")
         elif path == "/lab":
             keys, charts = list(LEVERS), ["queue_depth", "kv_blocks", "ttft", "replicas", "batch_size"]
         else:

@@ -20,6 +20,7 @@ from markdown_it import MarkdownIt
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS
 from web.failures import failures_for_step
+from web.figures import Figure, FigureBook, provenance
 from web.predictions import check_predict
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
@@ -59,12 +60,18 @@ class LessonError:
 class Lesson:
     path: Path
     meta: dict[str, Any]
-    body_html: str
+    body_html: str  # the body after its first section
     mtime: float = 0.0
+    problem_html: str = ""  # the body's first section (its problem statement), shown above the charts
+    figures: list[Figure] = field(default_factory=list)  # the measured figures it quotes
 
     @property
     def step(self) -> int:
         return self.meta["step"]
+
+    @property
+    def provenance(self) -> list[str]:
+        return provenance(self.figures)
 
 
 @dataclass
@@ -79,8 +86,12 @@ class _Checker:
         self.errors.append(LessonError(self.path, self.lines.get(where, 1), message))
 
 
-def parse_lesson(path: Path) -> tuple[Lesson | None, list[LessonError]]:
-    text = path.read_text(encoding="utf-8")
+def parse_lesson(path: Path, book: FigureBook | None = None) -> tuple[Lesson | None, list[LessonError]]:
+    raw = path.read_text(encoding="utf-8")
+    text, figures, unknown = (book or FigureBook()).render(raw)
+    if unknown:
+        return None, [LessonError(path, raw[: raw.find("{{fig:" + name)].count("\n") + 1,
+                                  f"no measured figure named {name!r} (web/figures.py SPECS)") for name in unknown]  # fmt: skip
     if not text.startswith("---\n"):
         return None, [LessonError(path, 1, "a lesson starts with '---' and YAML front matter")]
     end = text.find("\n---\n", 4)
@@ -100,8 +111,18 @@ def parse_lesson(path: Path) -> tuple[Lesson | None, list[LessonError]]:
     _check(meta, checker)
     if checker.errors:
         return None, checker.errors
-    html = nh3.clean(_markdown.render(body), url_schemes={"http", "https", "mailto"})
-    return Lesson(path, meta, html, path.stat().st_mtime), []
+    problem, rest = _split_first_section(body)
+    problem_html, html = (nh3.clean(_markdown.render(part), url_schemes={"http", "https", "mailto"}) for part in (problem, rest))
+    return Lesson(path, meta, html, path.stat().st_mtime, problem_html, figures), []
+
+
+def _split_first_section(body: str) -> tuple[str, str]:
+    """The body's first `## ` section (the problem it poses) and the rest: a page puts the first
+    beside the decision, above the experiment, and the rest below it."""
+    starts = [m.start() for m in re.finditer(r"^## ", body, flags=re.MULTILINE)]
+    if len(starts) < 2:
+        return body, ""
+    return body[: starts[1]], body[starts[1] :]
 
 
 def _index_lines(node: yaml.Node | None, where: tuple, out: dict[tuple, int]) -> None:
@@ -270,20 +291,22 @@ def _check_at_scale(runs: Any, c: _Checker) -> None:
 class LessonLibrary:
     """The lessons of a folder, re-read whenever a file changes."""
 
-    def __init__(self, folder: Path = LESSONS_DIR) -> None:
+    def __init__(self, folder: Path = LESSONS_DIR, book: FigureBook | None = None) -> None:
         self.folder = folder
-        self._cache: dict[Path, Lesson] = {}
+        self.book = book or FigureBook()
+        self._cache: dict[Path, tuple[tuple, Lesson]] = {}
 
     def lessons(self) -> list[Lesson]:
         found = []
         for path in sorted(self.folder.glob("[0-9][0-9]-*.md")):
+            stamp = (path.stat().st_mtime, self.book.stamp())  # a fresh measurement re-renders it
             cached = self._cache.get(path)
-            if cached is None or cached.mtime != path.stat().st_mtime:
-                lesson, errors = parse_lesson(path)
+            if cached is None or cached[0] != stamp:
+                lesson, errors = parse_lesson(path, self.book)
                 if lesson is None:
                     raise ValueError("; ".join(map(str, errors)))
-                self._cache[path] = cached = lesson
-            found.append(cached)
+                self._cache[path] = cached = (stamp, lesson)
+            found.append(cached[1])
         return found
 
     def step(self, number: int) -> Lesson | None:
