@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--as-served", action="store_true",
                         help="ServeLab exactly as `make run` serves it: eager, 4 KiB pages (run without LD_PRELOAD)")  # fmt: skip
     parser.add_argument("--skip-hf", action="store_true", help="no HF transformers row")
+    parser.add_argument("--json", type=Path, help="also write the run's figures here (bench/figures.py reads them)")
     args = parser.parse_args(argv)
     n = args.num_requests
     on_cpu = args.device == "cpu"
@@ -191,6 +192,13 @@ def main(argv: list[str] | None = None) -> int:
               f"(servelab / vllm: ttft {mine['ttft_2000_s'] / vllm['ttft_2000_s']:.2f}x, "
               f"decode {mine['decode_batch1_tok_s'] / vllm['decode_batch1_tok_s']:.2f}x)")  # fmt: skip
 
+    if args.json:
+        args.json.write_text(json.dumps({
+            "dtype": llm.engine.config.dtype, "rounds": rounds, "one_stream": mine,
+            "vllm": {k: vllm[k] for k in ("version", "output_tok_s", "ttft_2000_s", "decode_batch1_tok_s") if k in vllm}
+            if vllm else None,
+            "hf_tok_s": (results.get("hf") or {}).get("output_tok_s"), "static_tok_s": static["output_tok_s"],
+        }, indent=2))  # fmt: skip
     if paged["decode_steps"]:
         step_s = statistics.median(t for t, _ in paged["decode_steps"])
         context = statistics.mean(c for _, c in paged["decode_steps"])

