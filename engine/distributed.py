@@ -351,11 +351,11 @@ def _die_with_parent() -> None:
 
 def worker_main(config: EngineConfig, rank: int, port: int, conn: Any, cores: list[int] | None, parent: int) -> None:
     """Load the model, keep this rank's shard, then run each step rank 0 sends until None."""
-    from engine.llm_engine import DTYPES
     from engine.memory import weight_footprint
     from engine.model.loader import load_model
     from engine.model.paths import default_gguf_path
     from engine.runner import ModelRunner
+    from engine.torch_dtypes import DTYPES
 
     _die_with_parent()
     if os.getppid() != parent:

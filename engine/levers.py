@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.catalog import DEVICE_NAMES
+from engine.catalog import MODEL_NAMES as MODELS  # the simulator's names; the first runs live
 from engine.errors import InvalidParamError
-from engine.sim.devices import DEVICE_NAMES
-from engine.sim.models import MODEL_NAMES as MODELS  # the simulator's names; the first runs live
 
 EXECUTORS = ("live", "sim")
 SIM_SPEEDS = (1, 10, 60)  # simulated seconds per wall second

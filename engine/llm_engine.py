@@ -39,6 +39,7 @@ from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
 from engine.sequence import RequestTimes, Sequence, SequenceStatus
 from engine.step_record import StepRing, step_record
 from engine.threads import ThreadGovernor
+from engine.torch_dtypes import DTYPES
 
 if TYPE_CHECKING:
     from engine.logprobs import TokenLogprobs
@@ -56,9 +57,6 @@ def _make_startup_visible() -> None:
         handler.setFormatter(logging.Formatter("servelab: %(message)s"))
         root.addHandler(handler)
         root.setLevel(logging.INFO)
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass

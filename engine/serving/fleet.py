@@ -9,13 +9,11 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
-from engine.levers import LEVERS
 from engine.machine import EnginePlan
 from engine.model.gguf_file import context_length
 from engine.model.paths import DEFAULT_MODEL_NAME, default_gguf_path
@@ -25,6 +23,7 @@ from engine.serving.cores import spare_cores, split_cores
 from engine.serving.defences import Defences
 from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.events import EventLog
+from engine.serving.fleet_config import FleetConfig
 from engine.serving.messages import StepMessage
 from engine.serving.metrics import MetricsBus
 from engine.serving.provisioning import Order, Provisioning
@@ -38,17 +37,6 @@ log = logging.getLogger("servelab.fleet")
 POOL_NAMES = {ReplicaState.READY: PoolState.WARM, ReplicaState.STARTING: PoolState.WARMING}
 FAILED_SHOWN_S = 10.0  # a failed replica stays in the set (and on the charts) this long
 SNAPSHOT_HZ = 6.0  # the live stream promises at least 5 a second
-
-
-@dataclass
-class FleetConfig:
-    """The fleet's own settings. warm_pool and provision_delay_s live here and only here (the
-    fleet is what provisions): the autoscaler and the lab set them through the fleet."""
-
-    replicas: int = 1
-    drain_timeout_s: float = 30.0
-    warm_pool: int = LEVERS["warm_pool"].default  # loaded, idle, not routed to: promoted in under a second
-    provision_delay_s: float = LEVERS["provision_delay_s"].default  # a cold start waits this, then loads
 
 
 class Fleet(Provisioning):

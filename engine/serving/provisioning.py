@@ -17,18 +17,16 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.clock import Clock
 from engine.serving.defences import Defences
 from engine.serving.driver import Driver
 from engine.serving.events import EventLog
+from engine.serving.fleet_config import FleetConfig
 from engine.serving.metrics import MetricsBus
 from engine.serving.replica_api import SERVING, ReplicaState
 from engine.serving.router import Router
-
-if TYPE_CHECKING:
-    from engine.serving.fleet import FleetConfig
 
 log = logging.getLogger("servelab.fleet")
 

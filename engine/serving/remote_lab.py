@@ -109,6 +109,21 @@ class RemoteLab:
         self.poller.start()
         return self
 
+    def probe_due(self) -> bool:
+        """A probe of /v1/models is due while the remote is down, not OpenAI-compatible or has no
+        model yet, PROBE_EVERY_S after the last; taking it books the next (RemotePoller.tick)."""
+        now = self.clock.now()
+        if (not self.info.reachable or self.problems["api"] or not self.info.model) and now >= self.next_probe:
+            self.next_probe = now + PROBE_EVERY_S
+            return True
+        return False
+
+    def poll(self) -> None:
+        if self.info.reachable:
+            self.scrape()
+        self.errors.flush()
+        self.publish()
+
     # levers -------------------------------------------------------------------------------------
 
     def belongs_to_remote(self, key: str) -> str:

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from engine.serving.remote_lab import RemoteLab
+from engine.clock import Clock
 
 log = logging.getLogger("servelab.remote")
 
@@ -18,10 +17,26 @@ SNAPSHOT_HZ = 6  # the live fleet's rate: the stream's contract is at least 5 a 
 PROBE_EVERY_S = 2.0  # while the remote is down or not OpenAI-compatible
 
 
+class Polled(Protocol):
+    """What the poller drives (RemoteLab): its clock, and three calls a round."""
+
+    clock: Clock
+
+    def probe_due(self) -> bool:
+        """Whether a probe of /v1/models is due now; books the next one if it is."""
+        ...
+
+    def probe_now(self) -> None: ...
+
+    def poll(self) -> None:
+        """Scrape /metrics if the remote is reachable, sum up the errors, publish the snapshot."""
+        ...
+
+
 class RemotePoller:
     """The remote lab's driver: the one thread, and the only wall clock, behind it."""
 
-    def __init__(self, lab: RemoteLab, hz: float = SNAPSHOT_HZ) -> None:
+    def __init__(self, lab: Polled, hz: float = SNAPSHOT_HZ) -> None:
         self.lab = lab
         self.period_s = 1.0 / hz
         self._stop = threading.Event()
@@ -38,18 +53,13 @@ class RemotePoller:
         """One round: probe /v1/models if due (on its own thread when not waited for: a remote
         that does not answer must not hold the stream up), scrape, summarise errors, publish."""
         lab = self.lab
-        now = lab.clock.now()
-        if (not lab.info.reachable or lab.problems["api"] or not lab.info.model) and now >= lab.next_probe:
-            lab.next_probe = now + PROBE_EVERY_S
+        if lab.probe_due():
             if wait_for_probe:
                 lab.probe_now()
             elif not self._probing.is_set():
                 self._probing.set()
                 threading.Thread(target=self._probe, name="remote-probe", daemon=True).start()
-        if lab.info.reachable:
-            lab.scrape()
-        lab.errors.flush()
-        lab.publish()
+        lab.poll()
 
     def _probe(self) -> None:
         try:

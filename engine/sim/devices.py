@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from engine.catalog import DEVICE_NAMES
 from engine.sim import calibration
 from engine.sim import constants as C
 
@@ -91,7 +92,9 @@ def _cpu() -> Device | None:
     )
 
 
-DEVICE_NAMES = (*C.DEVICE_TABLE, "cpu")
+# The lever's names (engine/catalog.py, below the simulator) and the table's must agree.
+if set(DEVICE_NAMES) != {*C.DEVICE_TABLE, "cpu"}:
+    raise ImportError("engine/catalog.py DEVICE_NAMES and engine/sim/constants.py DEVICE_TABLE name different devices")
 
 
 def get_device(name: str) -> Device:

@@ -21,9 +21,9 @@ from engine.serving.replica_api import ReplicaState
 from engine.serving.router import AdmissionError, RouterConfig
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
-from engine.sim.results import Recorder, summarize
-from engine.sim.run import SimSpec, replica_figures, take_errors
+from engine.sim.results import Recorder, replica_figures, summarize, take_errors
 from engine.sim.runner import sim_executor
+from engine.sim.spec import SimSpec
 from engine.sim.workload import SimRequest
 
 DONE_CHECK_S = 0.1  # how often the run looks for its end (simulated seconds)

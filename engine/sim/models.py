@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 
+from engine.catalog import LLAMAS, MODEL_NAMES
 from engine.model.llama import LlamaConfig
 
 
@@ -51,14 +52,6 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
     return ModelSpec(name, cfg)
 
 
-# name: (layers, hidden, heads, KV heads, FFN, vocab, context); meta-llama config.json files.
-LLAMAS = {
-    "llama-3.1-8b": (32, 4096, 32, 8, 14336, 128256, 131072),
-    "llama-3.1-70b": (80, 8192, 64, 8, 28672, 128256, 131072),
-    "llama-3.1-405b": (126, 16384, 128, 8, 53248, 128256, 131072),
-    "llama-2-70b": (80, 8192, 64, 8, 28672, 32000, 4096),
-}
-MODEL_NAMES = ("smollm2-135m", *LLAMAS)
 
 
 @cache

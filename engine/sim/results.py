@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from engine.sequence import Sequence
+from engine.serving.messages import RequestError
+from engine.sim.loop import EventLoop
+from engine.sim.replica import SimReplica
 
 
 @dataclass
@@ -66,3 +70,35 @@ def summarize(rec: Recorder, duration_s: float, num_gpus: int) -> dict[str, floa
         "goodput_req_s": rec.good / d,
         "completed": done,
     }
+
+
+def replica_figures(
+    replicas: list[SimReplica], refused: dict[str, str], loop: EventLoop, ran_s: float, wall_s: float
+) -> dict[str, Any]:
+    """What every run reports of its replicas and its refusals, besides the request figures."""
+    reasons: dict[str, int] = {}
+    for reason in refused.values():
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return {
+        "kv_usage_max": max(r.kv_usage_max for r in replicas),
+        "preemptions": sum(r.engine.scheduler.num_preemptions for r in replicas),
+        "wall_s": wall_s,
+        "sim_s_per_wall_s": ran_s / wall_s,
+        "refused": reasons,
+        "kv_blocks_per_replica": replicas[0].engine.kv.num_blocks,
+        "kv_blocks_free_at_end": all(r.engine.kv.num_used_blocks == 0 for r in replicas),
+        "steps": sum(r.engine.num_steps for r in replicas),
+        "events": loop.num_events,
+    }
+
+
+def take_errors(streams: dict[str, Any], finished: dict[str, str], refused: dict[str, str]) -> None:
+    """Requests that did not finish were answered with a RequestError (deadline, failed replica)."""
+    for request_id, events in streams.items():
+        if request_id in finished:
+            continue
+        while not events.empty():
+            event = events.get_nowait()
+            if isinstance(event, RequestError):
+                refused[request_id] = event.message
+                break

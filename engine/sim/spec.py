@@ -1,0 +1,123 @@
+"""A what-if run's specification: the model, the devices and their count, TP, the engine's and
+the router's settings, the workload and the fleet's; `deployment()` and `replica_bounds()` refuse
+what cannot run with a SimConfigError that names the flag (engine/sim/run.py runs it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.levers import LEVERS
+from engine.sim import constants as C
+from engine.sim.deployment import Deployment, SimConfigError
+from engine.sim.devices import get_device
+from engine.sim.models import get_model
+from engine.sim.workload import Burst, SimRequest, make_workload
+
+
+@dataclass
+class SimSpec:
+    model: str
+    device: str
+    gpus: int
+    tp: int = 1
+    dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    input_tokens: int = 1000
+    output_tokens: int = 1000
+    input_range_ratio: float = 0.0
+    num_requests: int = 1000
+    rate: float = float("inf")
+    burstiness: float = 1.0
+    burst_factor: float = 1.0  # the rate times this for burst_s from burst_at_s (workload.Burst)
+    burst_at_s: float = 0.0
+    burst_s: float = 0.0
+    max_num_seqs: int = 1024  # vLLM v1's default for the API server on a >= 70 GB GPU
+    max_batched_tokens: int = 8192
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    seed: int = 0
+    admission: str = "greedy"  # engine/config.py ADMISSION_POLICIES
+    prefix_caching: bool = False  # random prompts share no prefix; hashing them only costs time
+    paged: bool = True  # False: static batches over contiguous max-length KV slabs (EngineConfig.paged)
+    block_size: int = 16  # KV block size in tokens (EngineConfig.block_size)
+    kv_budget_mb: float | None = None  # per GPU; None: what the device's memory leaves (EngineConfig)
+    queue_cap: int | None = None  # None: every request is queued (as `vllm bench serve` expects)
+    deadline_s: float | None = None
+    kill_replica_at_s: float | None = None  # replica 0 fails at this simulated time
+    # The live server on this machine: the HTTP front and the clients share the device's cores
+    # (Device.with_front; the request reaches the router after the device's front latency).
+    front_on_device: bool = False
+    prefill_gpus: int | None = None  # both set: a prefill pool and a decode pool (disaggregation)
+    decode_gpus: int | None = None
+    # Autoscaling (engine/sim/fleet_run.py): the real Fleet and Autoscaler over SimReplicas,
+    # starting at min_replicas and growing up to max_replicas (None: every TP group --gpus holds).
+    autoscale: bool = False
+    min_replicas: int = LEVERS["min_replicas"].default
+    max_replicas: int | None = None
+    warm_pool: int = LEVERS["warm_pool"].default
+    provision_delay_s: float = LEVERS["provision_delay_s"].default
+    storage_bw: float = C.STORAGE_BW  # bytes/s per GPU: a cold start loads its weight shard at this
+    timeline_s: float = 1.0  # the timeline: one row per this many simulated seconds
+    timeline: bool = False  # a plain run records one too (the autoscaled run always does)
+    settle: bool = False  # after the last request, run on idle until the fleet is back at min_replicas
+
+    def replica_bounds(self) -> tuple[int, int]:
+        """(fewest, most) replicas of an autoscaled run, checked against the GPUs."""
+        most = self.gpus // self.tp if self.max_replicas is None else self.max_replicas
+        if not 1 <= self.min_replicas <= most:
+            raise SimConfigError(f"--min-replicas {self.min_replicas} must be in [1, --max-replicas {most}]")
+        if (most + self.warm_pool) * self.tp > self.gpus:
+            raise SimConfigError(
+                f"{most} replicas + a warm pool of {self.warm_pool} at TP{self.tp} need more than --gpus {self.gpus}"
+            )
+        if self.storage_bw <= 0 or self.provision_delay_s < 0 or self.warm_pool < 0:
+            raise SimConfigError("storage bandwidth must be positive; provisioning delay and warm pool not negative")
+        if self.prefill_gpus is not None:
+            raise SimConfigError("autoscaling runs colocated replicas: leave out --prefill-gpus/--decode-gpus")
+        return self.min_replicas, most
+
+    def deployment(self) -> Deployment:
+        try:
+            model, device = get_model(self.model), get_device(self.device)
+        except KeyError as err:
+            raise SimConfigError(err.args[0]) from None
+        if self.tp > self.gpus:
+            raise SimConfigError(f"tensor parallel {self.tp} needs {self.tp} GPUs; --gpus is {self.gpus}")
+        if self.front_on_device:
+            device = device.with_front()
+        dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype)
+        if self.gpus % self.tp:
+            raise SimConfigError(f"--gpus {self.gpus} is not a whole number of TP{self.tp} replicas")
+        if (self.prefill_gpus is None) != (self.decode_gpus is None):
+            raise SimConfigError("disaggregation needs both --prefill-gpus and --decode-gpus")
+        if self.prefill_gpus is not None and self.decode_gpus is not None:
+            p, d = self.prefill_gpus, self.decode_gpus
+            if p < self.tp or d < self.tp or p % self.tp or d % self.tp or p + d != self.gpus:
+                raise SimConfigError(
+                    f"--prefill-gpus {p} and --decode-gpus {d} must each be whole TP{self.tp} replicas "
+                    f"and add up to --gpus {self.gpus}"
+                )
+        longest = int(self.input_tokens * (1 + self.input_range_ratio)) + int(self.output_tokens * (1 + self.input_range_ratio))
+        if longest > model.cfg.max_position:
+            raise SimConfigError(
+                f"a request of up to {longest} tokens is longer than {model.name}'s context of {model.cfg.max_position}"
+            )
+        return dep
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
+            prefix_caching=self.prefix_caching, admission=self.admission, seed=self.seed,
+            paged=self.paged, block_size=self.block_size, kv_budget_mb=self.kv_budget_mb,
+        )
+
+    def workload(self) -> list[SimRequest]:
+        """The spec's own requests: seeded arrivals (with the burst, if any) and lengths."""
+        if self.burst_factor <= 0 or self.burst_at_s < 0 or self.burst_s < 0:
+            raise SimConfigError("the burst's factor must be positive, its start and length not negative")
+        burst = Burst(self.burst_factor, self.burst_at_s, self.burst_s) if self.burst_factor != 1.0 else None
+        return make_workload(
+            self.num_requests, self.rate, self.input_tokens, self.output_tokens, self.input_range_ratio,
+            self.burstiness, self.seed, burst,
+        )

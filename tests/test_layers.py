@@ -1,0 +1,170 @@
+"""The layers import downward only, and no module imports itself back through another.
+
+An AST walk over every module of the project (imports inside functions included: a cycle
+hidden behind a function-level import is still a cycle). Each module belongs to one floor
+(FLOORS, DESIGN.md "Layers"); an import may reach its own floor or one below, never above.
+The composition roots (app.py, `python -m engine serve`) join the floors and may import any."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("engine", "web")
+ROOTS = {"app", "engine.__main__", "engine.serving.server", "engine.serving.remote_server"}  # composition roots
+
+# Floors from the bottom: a module's floor is that of its longest matching prefix.
+LAB = ("engine.serving.lab", "engine.serving.lab_clients", "engine.serving.lab_facade", "engine.serving.remote_lab",
+       "engine.serving.remote_poller", "engine.serving.remote_levers", "engine.serving.remote_backend",
+       "engine.serving.remote_metrics", "engine.serving.remote_errors", "engine.serving.traffic", "engine.serving.proxy",
+       "engine.serving.envelope", "engine.serving.shape", "engine.serving.user_streams", "engine.serving.rank_hang",
+       "engine.sim.lab_sim", "engine.sim.lab_check", "engine.sim.predict")
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("engine", ("engine",)),  # one replica: model, kernels, scheduler, runner, sampler, LLM; the lever table
+    ("serving", ("engine.serving",)),  # replicas, router and queue, fleet and autoscaler, telemetry, defences
+    ("whatif", ("engine.sim",)),  # the simulator, on top of serving
+    ("lab", LAB),  # what a teaching session drives: live, simulated and remote labs, traffic, proxy, shape
+    ("web", ("web",)),
+]
+ORDER = [name for name, _ in FLOORS]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    found = {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    found["app"] = ROOT / "app.py"
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules `name` imports anywhere in its file (a `from x import y` names x.y when
+    that is a module, else x)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in known:  # `import engine.serving.fleet as x` names its module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    known = set(modules)
+    return {name: imports_of(name, path, known) for name, path in modules.items()}
+
+
+def floor(name: str) -> str | None:
+    best, length = None, -1
+    for floor_name, prefixes in FLOORS:
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > length:
+                best, length = floor_name, len(prefix)
+    return best
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Imports from a floor to one above it, said as `a (floor) -> b (floor)`."""
+    bad = []
+    for a, targets in sorted(edges.items()):
+        if a in ROOTS or floor(a) is None:
+            continue
+        for b in sorted(targets):
+            if b in ROOTS or (floor(b) is not None and ORDER.index(floor(b)) > ORDER.index(floor(a))):
+                bad.append(f"{a} ({floor(a)}) -> {b} ({floor(b) or 'root'})")
+    return bad
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted. A package
+    importing its own submodules (engine/__init__.py's re-exports) is not a cycle of its own."""
+    def outgoing(a: str) -> set[str]:
+        return {b for b in edges.get(a, ()) if not b.startswith(a + ".")}
+
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in outgoing(v):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for v in sorted(edges):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return sorted(found)
+
+
+def test_no_module_imports_itself_back() -> None:
+    assert cycles(graph()) == []
+
+
+def test_no_floor_imports_one_above_it() -> None:
+    assert upward(graph()) == []
+
+
+def test_the_lever_table_does_not_import_torch() -> None:
+    """engine/levers.py is read by every floor, the web process's included: it names the
+    simulator's models and devices from engine/catalog.py, not from the simulator (which loads
+    torch through the model's config)."""
+    import subprocess
+    import sys
+
+    code = "import sys, engine.levers; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_the_checks_fail_on_a_cycle_and_an_upward_import() -> None:
+    """The two checks above can fail: a cycle and an upward import added to the real graph are found."""
+    edges = graph()
+    edges["engine.scheduler"] = edges["engine.scheduler"] | {"engine.llm_engine"}
+    edges["engine.llm_engine"] = edges["engine.llm_engine"] | {"engine.scheduler"}
+    edges["engine.serving.router"] = edges["engine.serving.router"] | {"web.live"}
+    assert any({"engine.llm_engine", "engine.scheduler"} <= set(c) for c in cycles(edges))
+    assert "engine.serving.router (serving) -> web.live (web)" in upward(edges)
