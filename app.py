@@ -30,7 +30,7 @@ from engine.serving.live_limits import replica_bounds
 from engine.serving.remote_backend import RemoteConfig
 from engine.serving.remote_lab import RemoteLab
 from engine.serving.remote_levers import REMOTE_LEVERS
-from engine.serving.router import RouterConfig
+from engine.serving.router import RouterConfig, api_keys_from_env
 from web import create_api_app
 from web.classroom import install_classroom
 from web.lessons import LessonLibrary
@@ -52,12 +52,11 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
     """The live engine behind the app: a fleet shaped by the levers (defaults where unset)."""
     values = {key: lever.default for key, lever in LEVERS.items()} | validate_levers(levers or {})
     engine_config = EngineConfig(**engine_fields(values), **(engine or {}))
-    keys = [k for k in os.environ.get("SERVELAB_API_KEYS", "").split(",") if k]
     router_config = RouterConfig(
         queue_cap=values["queue_cap"],
         deadline_s=values["deadline_s"],
         rate_limit=values["rate_limit"] or None,
-        api_keys=keys,
+        api_keys=api_keys_from_env(),
     )
     # The autoscaler grows the fleet from its fewest, within the devices gpu_count grants; the warm
     # pool is loaded from the start, as the first replicas are.
@@ -77,7 +76,7 @@ def create_app(lab: LabFacade, instructor_token: str | None = None) -> Flask:
     """Pages, API and the live stream over one lab: ServeLab's own engine (LiveLab), or a
     remote server (RemoteLab), whose API the app passes through."""
     if isinstance(lab, RemoteLab):
-        app = create_remote_api_app(lab, [k for k in os.environ.get("SERVELAB_API_KEYS", "").split(",") if k])
+        app = create_remote_api_app(lab, api_keys_from_env())
     else:
         app = create_api_app(lab.fleet, LAB_PING_S)  # type: ignore[attr-defined]
     app.extensions["servelab_lab"] = lab

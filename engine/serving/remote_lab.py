@@ -30,7 +30,7 @@ from engine.clock import WALL_CLOCK, Clock
 from engine.errors import InvalidParamError, ServingError
 from engine.levers import LEVERS, validate_levers
 from engine.serving.events import EventLog
-from engine.serving.live_limits import check_ramp
+from engine.serving.live_limits import FLOOD_MAX_RATE, check_ramp
 from engine.serving.metrics import WINDOW_S
 from engine.serving.prometheus_text import PrometheusParseError, parse
 from engine.serving.proxy import IDLE_TIMEOUT_CODE, ProxySettings
@@ -47,7 +47,6 @@ log = logging.getLogger("servelab.remote")
 SCRAPE_TIMEOUT_S = 0.5  # a scrape slower than this is a problem worth naming
 PROXY_UNREACHABLE = "the proxy could not reach the server"  # proxy.py's 502
 NOT_PROBED = "not probed yet"
-FLOOD_MAX_RATE = 200.0  # the lab's clients are threads of this process
 LENGTH_SPREAD = 1.5  # the lab's traffic draws lengths up to 1.5x their means (traffic.py, draw_length 0.5)
 
 

@@ -10,10 +10,10 @@ import threading
 from typing import Protocol
 
 from engine.clock import Clock
+from engine.serving.fleet import SNAPSHOT_HZ  # the live fleet's rate: the stream's contract is at least 5 a second
 
 log = logging.getLogger("servelab.remote")
 
-SNAPSHOT_HZ = 6  # the live fleet's rate: the stream's contract is at least 5 a second
 PROBE_EVERY_S = 2.0  # while the remote is down or not OpenAI-compatible
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
 import threading
 from collections import OrderedDict
@@ -50,6 +51,12 @@ class AdmissionError(ServingError):
     @property
     def reason(self) -> str:
         return self.code or ""
+
+
+def api_keys_from_env() -> list[str]:
+    """SERVELAB_API_KEYS=k1,k2: the bearer keys /v1/* asks for (empty: the API is open). Read here
+    only; both servers' composition roots pass the list on."""
+    return [key for key in os.environ.get("SERVELAB_API_KEYS", "").split(",") if key]
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from engine.machine import MachineError
 from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
 from engine.serving.proxy import VIA
-from engine.serving.router import RouterConfig
+from engine.serving.router import RouterConfig, api_keys_from_env
 
 log = logging.getLogger("servelab.server")
 
@@ -32,7 +31,7 @@ log = logging.getLogger("servelab.server")
 def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
     from web import create_api_app
 
-    keys = [k for k in os.environ.get("SERVELAB_API_KEYS", "").split(",") if k]
+    keys = api_keys_from_env()
     router_config = RouterConfig(
         queue_cap=args.queue_cap,
         deadline_s=args.deadline_s,
