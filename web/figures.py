@@ -34,6 +34,11 @@ class Spec:
     digits: int
     what: str
 
+    def format(self, value: float, bare: bool = False) -> str:
+        """As a page and README write it: thousands separated, `digits` decimals, then the unit."""
+        number = f"{value:,.{self.digits}f}"
+        return number if bare else number + self.unit
+
 
 _TOK = "output tokens/s"
 SPECS: dict[str, Spec] = {
@@ -106,8 +111,7 @@ class Figure:
     this_machine: bool
 
     def text(self, bare: bool = False) -> str:
-        number = f"{self.value:,.{self.spec.digits}f}"
-        return number if bare else number + self.spec.unit
+        return self.spec.format(self.value, bare)
 
 
 def local_path(key: calibration.MachineKey | None = None, directory: Path | None = None) -> Path:
