@@ -280,10 +280,12 @@ def test_retry_jitter_off_refused_clients_return_in_synchronized_waves(live: Liv
     snap = live.lab.snapshot(live.fleet.snapshot())
     assert snap["client_sent_total"] == counts.sent and snap["client_refused_total"] == counts.refused
     print(shares)
-    assert shares[False][0] >= 0.7 and shares[False][1] >= 0.7  # retries and refusals in waves
-    # Spread out. Measured off: 0.9-1.0; 40-50 retries drawn at random over 3-4 s score ~0.1
-    # (0.4 at worst in 200 draws), so 0.5 tells the two apart.
-    assert shares[True][0] <= 0.5 and shares[True][1] <= 0.5
+    # Measured off: 0.9-1.0 alone, 0.64-0.67 on a loaded CI machine (its slow HTTP hops spread the
+    # refusals themselves past the 0.2 s window); 40-50 retries drawn at random over 3-4 s score
+    # ~0.1 (0.4 at worst in 200 draws). So: off in waves, on spread out, and off well above on in
+    # the same run.
+    for off, on in zip(shares[False], shares[True], strict=True):
+        assert off >= 0.5 and on <= 0.5 and off - on >= 0.3, shares
 
 
 # the pieces on their own (no model) -----------------------------------------------------------------
