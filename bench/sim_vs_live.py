@@ -105,7 +105,10 @@ def offline_workload(num_requests: int, output_tokens: int) -> tuple[list[list[i
     return [r["prompt_token_ids"] for r in reqs], [(0.0, len(r["prompt_token_ids"]), output_tokens) for r in reqs]
 
 
-def serving_workload(rate: float, seconds: float, output_mean: int, seed: int = 0) -> tuple[list[Any], Workload]:
+def serving_workload(rate: float, seconds: float, output_mean: int, seed: int) -> tuple[list[Any], Workload]:
+    """One rate's requests. Each rate takes its own seed: the server keeps its prefix cache from
+    one rate to the next, and the same seed draws the same first prompts, which the next run
+    would then find cached (the simulator starts each run cold)."""
     from engine.serving.loadgen import arrival_times, make_requests
 
     n = max(2, round(rate * seconds))
@@ -283,9 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from engine.serving.loadgen import make_requests
 
-        live_serving(port, make_requests(4, 64, 8), [(0.0, 64, 8)] * 4)  # warm the server's paths
-        for rate in RATES:
-            reqs, workload = serving_workload(rate, seconds, serve_out)
+        live_serving(port, make_requests(4, 64, 8, seed=99), [(0.0, 64, 8)] * 4)  # warm the server's paths
+        for i, rate in enumerate(RATES):
+            reqs, workload = serving_workload(rate, seconds, serve_out, seed=1 + i)
             print(f"serving: Poisson {rate:g} req/s, {len(reqs)} requests", flush=True)
             live = live_serving(port, reqs, workload)
             rows.append({"workload": f"serving, Poisson {rate:g} req/s", "requests": len(reqs), "live": live,

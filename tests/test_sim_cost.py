@@ -118,3 +118,24 @@ def test_the_cpu_device_is_the_calibration_in_use():
     # SmolLM2 on this machine: the live engine's own KV plan (2 GB cap, float32 activations).
     plan = Deployment(get_model("smollm2-135m"), cpu).plan_memory(EngineConfig(max_num_seqs=64, max_batched_tokens=512))
     assert plan.num_blocks > 1000
+
+
+def test_a_cpu_gemm_pays_for_its_weights_and_its_math_where_a_gpu_overlaps_them():
+    import dataclasses
+
+    gpu = get_device("h100")
+    cpu_like = dataclasses.replace(gpu, gemm_overlaps_memory=False)
+    shape = StepShape(32, 1, 0, 0, 32 * 33 / 2, 0)  # a short prompt: both terms of a size
+    overlapped = CostModel(Deployment(get_model("llama-3.1-8b"), gpu)).step(shape).gemm_s
+    added = CostModel(Deployment(get_model("llama-3.1-8b"), cpu_like)).step(shape).gemm_s
+    model = CostModel(Deployment(get_model("llama-3.1-8b"), gpu))
+    compute = 2 * (32 * model.linear_params + model.head_params) / model.gemm_flops
+    weights = model.weight_read_bytes / model.bandwidth
+    assert overlapped == pytest.approx(max(compute, weights), rel=1e-9)
+    assert added == pytest.approx(compute + weights, rel=1e-9)
+    # The calibration says which this machine is (bench/calibrate.py fits the CPU additive).
+    from engine.sim import calibration
+
+    found = calibration.load()
+    assert found is not None
+    assert get_device("cpu").gemm_overlaps_memory == found.data["device"].get("gemm_overlaps_memory", True)

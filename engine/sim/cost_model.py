@@ -56,6 +56,7 @@ class CostModel:
         self.head_params = m.head_params / t
         self.weight_read_bytes = self.linear_params * wbytes + self.head_params * head_bytes
         self.gemm_flops = d.gemm_flops(dep.dtype)
+        self.gemm_overlaps_memory = d.gemm_overlaps_memory
         self.attn_flops = d.attention_flops
         self.bandwidth = d.bandwidth
         # Attention FLOPs per (query token x attended token): QK^T and PV, 2 FLOPs a multiply-add,
@@ -82,7 +83,8 @@ class CostModel:
         if s.num_tokens == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         flops = 2 * (s.num_tokens * self.linear_params + s.num_sampled * self.head_params)
-        gemm = max(flops / self.gemm_flops, self.weight_read_bytes / self.bandwidth)
+        compute, weights = flops / self.gemm_flops, self.weight_read_bytes / self.bandwidth
+        gemm = max(compute, weights) if self.gemm_overlaps_memory else compute + weights
         kvb = self.kv_bytes_per_token
         prefill_tokens = s.num_tokens - s.num_decodes
         prefill = 0.0
