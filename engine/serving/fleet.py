@@ -37,6 +37,7 @@ log = logging.getLogger("servelab.fleet")
 POOL_NAMES = {ReplicaState.READY: PoolState.WARM, ReplicaState.STARTING: PoolState.WARMING}
 FAILED_SHOWN_S = 10.0  # a failed replica stays in the set (and on the charts) this long
 SNAPSHOT_HZ = 6.0  # the live stream promises at least 5 a second
+DRAIN_POLL_S = 0.05  # how often a drain looks at what is left
 
 
 class Fleet(Provisioning):
@@ -101,7 +102,9 @@ class Fleet(Provisioning):
         self._lock = threading.RLock()
         self._last_states: dict[int, str] = {}
         self._failed_at: dict[int, float] = {}
-        self.draining = False
+        self.draining = False  # begin_drain: refusing new work, finishing what it has
+        self._drain_deadline = float("inf")
+        self._replicas_draining = False
         # Why no replica can serve, when one failed in a way a restart repeats (a dtype this CPU
         # cannot run, a missing model file): nothing more is ordered until the config changes.
         self.unservable: str | None = None
@@ -337,21 +340,44 @@ class Fleet(Provisioning):
     # shutdown -----------------------------------------------------------------------------------
 
     def drain_and_stop(self) -> None:
-        """SIGTERM: refuse new work at once, let in-flight requests finish (up to drain_timeout_s),
-        then stop every replica process."""
+        """SIGTERM: begin the drain, and wait (a live shutdown, on wall time) until it has stopped
+        every replica process."""
+        self.begin_drain()
+        self._drained.wait()
+
+    @property
+    def drained(self) -> bool:
+        """Stopped: by a drain's end or by stop()."""
+        return self._drained.is_set()
+
+    def begin_drain(self) -> None:
+        """Refuse new work at once; the fleet's own step (drain_step, on its clock, so the virtual
+        one drives it too) lets in-flight requests finish, up to drain_timeout_s, then stops."""
+        if self.draining:
+            return
         self.draining = True
         self.set_warm_pool(0)
-        deadline = self.clock.now() + self.fleet_config.drain_timeout_s
-        pause = threading.Event()  # a live shutdown: it waits on wall time by design
-        while self.clock.now() < deadline and len(self.router.queue):  # queued work still goes out
-            pause.wait(0.05)
-        for replica in self.replicas:
-            replica.drain()
-        while self.clock.now() < deadline and any(
-            r.state == ReplicaState.DRAINING for r in self.replicas + self.retiring
-        ):
-            pause.wait(0.05)
+        self._drain_deadline = self.clock.now() + self.fleet_config.drain_timeout_s
+        self._replicas_draining = False
+        self.driver.every(DRAIN_POLL_S, self.drain_step)
+
+    def drain_step(self) -> bool:
+        """One look at the drain: queued work still goes out, then the replicas finish their
+        residents; past the deadline, or with nothing left, stop. False once stopped."""
+        if self._stopped:
+            return False
+        late = self.clock.now() >= self._drain_deadline
+        if not self._replicas_draining:
+            if len(self.router.queue) and not late:
+                return True
+            for replica in self.replicas:
+                replica.drain()
+            self._replicas_draining = True
+            return True
+        if not late and any(r.state == ReplicaState.DRAINING for r in self.replicas + self.retiring):
+            return True
         self.stop()
+        return False
 
     def stop(self) -> None:
         """Stop every replica; the fleet's steps end at their next run (its own threads at once)."""
