@@ -10,7 +10,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.logprobs import TokenLogprobs
 from engine.sampling_params import SamplingParams
-from engine.sequence import RequestTimes
+from engine.sequence import FinishReason, RequestTimes
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -21,7 +21,7 @@ class GenerationOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     num_cached_tokens: int
     times: RequestTimes
     # When SamplingParams asked for them (engine/logprobs.py): per output token; per prompt token.

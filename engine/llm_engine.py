@@ -36,7 +36,7 @@ from engine.model.tokenizer import load_tokenizer
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
-from engine.sequence import RequestTimes, Sequence, SequenceStatus
+from engine.sequence import FinishReason, RequestTimes, Sequence, SequenceStatus
 from engine.step_record import StepRing, step_record
 from engine.threads import ThreadGovernor
 from engine.torch_dtypes import DTYPES
@@ -45,8 +45,6 @@ if TYPE_CHECKING:
     from engine.logprobs import TokenLogprobs
 
 log = logging.getLogger("servelab.engine")
-
-DEADLINE = "deadline"  # the finish reason of a request dropped unstarted at its deadline
 
 
 def _make_startup_visible() -> None:
@@ -67,7 +65,7 @@ class RequestOutput:
     new_token_ids: list[int]
     new_text: str
     finished: bool
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     seq: Sequence
     logprobs: list[TokenLogprobs] | None = None  # this step's tokens', when the request asked
 
@@ -236,8 +234,8 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         now = self._step_started = self.clock.now()
         for seq in batch.expired:  # never started: no blocks to free, nothing generated
-            self._finish(seq, DEADLINE, now)
-            outputs.append(RequestOutput(seq.request_id, [], "", True, DEADLINE, seq))
+            self._finish(seq, FinishReason.DEADLINE, now)
+            outputs.append(RequestOutput(seq.request_id, [], "", True, FinishReason.DEADLINE, seq))
         self.last_batch = batch
         return outputs, batch
 
@@ -272,15 +270,15 @@ class LLMEngine:
                 outputs.append(out)
         return outputs
 
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        """"stop" or "length" if seq's new token ends it (stop strings are checked with the text)."""
+    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        """STOP or LENGTH if seq's new token ends it (stop strings are checked with the text)."""
         params = seq.params
         if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
-            return "stop"
+            return FinishReason.STOP
         n = len(seq.output_token_ids)
-        return "length" if n >= params.max_tokens or n + len(seq.prompt_token_ids) >= self.max_model_len else None
+        return FinishReason.LENGTH if n >= params.max_tokens or n + len(seq.prompt_token_ids) >= self.max_model_len else None
 
-    def _emit(self, seq: Sequence, token: int, reason: str | None, now: float, stream: bool) -> RequestOutput | None:
+    def _emit(self, seq: Sequence, token: int, reason: FinishReason | None, now: float, stream: bool) -> RequestOutput | None:
         """Make the new text, finish seq if it ended; its output, or None when nobody reads it."""
         params = seq.params
         new_text = ""
@@ -293,14 +291,14 @@ class LLMEngine:
         logprobs = seq.output_logprobs[-1:] if params.logprobs is not None else None
         return RequestOutput(seq.request_id, [token], new_text, reason is not None, reason, seq, logprobs)
 
-    def _new_text(self, seq: Sequence, reason: str | None) -> tuple[str | None, str]:
+    def _new_text(self, seq: Sequence, reason: FinishReason | None) -> tuple[FinishReason | None, str]:
         """Detokenize the new token and look for stop strings; the text that is safe to hand out."""
         params = seq.params
         if self.tokenizer is not None:
             seq.output_text += detokenize_step(self.tokenizer, seq.output_token_ids, seq.detok, final=reason is not None)
         if params.stop and (cut := _find_stop(seq.output_text, params.stop)) is not None:
             seq.output_text = seq.output_text[:cut]
-            reason = "stop"
+            reason = FinishReason.STOP
         # Hold back text that could be the start of a stop string, until it is known not to be.
         hold = 0 if reason or not params.stop else max(len(s) - 1 for s in params.stop)
         end = max(seq.num_text_emitted, len(seq.output_text) - hold)
@@ -308,10 +306,10 @@ class LLMEngine:
         seq.num_text_emitted = end
         return reason, new_text
 
-    def _finish(self, seq: Sequence, reason: str, now: float) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        if reason == "abort":
+        if reason == FinishReason.ABORT:
             seq.times.aborted = now
         else:
             seq.times.finished = now
@@ -325,8 +323,8 @@ class LLMEngine:
         for request_id in list(self._to_abort):
             seq = self.requests.get(request_id)
             if seq is not None:
-                self._finish(seq, "abort", now)
-                outputs.append(RequestOutput(request_id, [], "", True, "abort", seq))
+                self._finish(seq, FinishReason.ABORT, now)
+                outputs.append(RequestOutput(request_id, [], "", True, FinishReason.ABORT, seq))
         self._to_abort.clear()
         return outputs
 

@@ -16,6 +16,18 @@ if TYPE_CHECKING:
     from engine.logprobs import TokenLogprobs
 
 
+class FinishReason(enum.StrEnum):
+    """Why a request ended: OpenAI's finish_reason values, and "abort" (cancelled: a client hung up,
+    a deadline passed, a replica was lost). A str, so it goes to JSON and the wire unchanged."""
+
+    STOP = "stop"  # an end-of-sequence token, a stop token or a stop string
+    LENGTH = "length"  # max_tokens, or the model's context
+    ABORT = "abort"
+    # Dropped unstarted at its deadline; never reaches a client as such: the replica answers it as
+    # the router's "deadline" refusal (engine/serving/replica.py).
+    DEADLINE = "deadline"
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -83,7 +95,7 @@ class Sequence:
     drop_if_expired: bool = True
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: FinishReason | None = None
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     block_table: list[int] = field(default_factory=list)

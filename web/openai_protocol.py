@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.logprobs import TokenLogprobs
 from engine.model.tokenizer import ChatTokenizer
-from engine.sequence import RequestTimes
+from engine.sequence import FinishReason, RequestTimes
 from engine.serving.messages import TokenDelta
 from web.openai_request import ParsedRequest, parse_request
 
@@ -26,7 +26,7 @@ class Choice:
     first_prompt_id: int = 0  # echo: the prompt's first token (listed with a null logprob)
     text: list[str] = field(default_factory=list)
     num_tokens: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     finished: bool = False
     started: bool = False  # its first chunk went out (chat: the one with the role)
     submitted: bool = False  # admitted by the router (so an abort has something to stop)
@@ -58,7 +58,7 @@ class Reply:
         """What of a delta the client sees: with score_only, not the one token generated."""
         if not self.req.score_only:
             return delta
-        return replace(delta, token_ids=[], text="", logprobs=None, finish_reason="length")
+        return replace(delta, token_ids=[], text="", logprobs=None, finish_reason=FinishReason.LENGTH)
 
     def absorb(self, choice: Choice, delta: TokenDelta) -> list[tuple[int, TokenLogprobs | None]]:
         """Fold one delta into its choice; returns the logprob entries it brought."""
@@ -78,7 +78,7 @@ class Reply:
 
     # bodies -----------------------------------------------------------------------------------
 
-    def chunk(self, choice: Choice, text: str, entries: list, finish_reason: str | None) -> dict[str, Any]:
+    def chunk(self, choice: Choice, text: str, entries: list, finish_reason: FinishReason | None) -> dict[str, Any]:
         logprobs = None if self.req.logprobs is None else self._logprobs(choice, entries)
         if self.chat:
             delta: dict[str, Any] = {"content": text}

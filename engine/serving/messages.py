@@ -11,7 +11,7 @@ from typing import Any
 
 from engine.machine import EnginePlan
 from engine.sampling_params import SamplingParams
-from engine.sequence import RequestTimes
+from engine.sequence import FinishReason, RequestTimes
 from engine.step_record import StepRecord
 
 
@@ -54,7 +54,7 @@ class TokenDelta:
     token_ids: list[int]
     text: str
     finished: bool
-    finish_reason: str | None
+    finish_reason: FinishReason | None
     num_prompt_tokens: int
     num_cached_tokens: int
     # The request's timestamps, on the delta that carries its first token (TTFT and queue time are

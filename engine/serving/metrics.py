@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
-from engine.sequence import RequestTimes
+from engine.sequence import FinishReason, RequestTimes
 from engine.serving.events import EventLog
 from engine.serving.messages import StepMessage
 
@@ -112,9 +112,9 @@ class MetricsBus:
                 n = len(delta.times.tokens) if delta.times else 0
                 if delta.request_id in self._gone:  # its tokens were counted as they came
                     self._gone.discard(delta.request_id)
-                elif delta.finish_reason == "abort":
+                elif delta.finish_reason == FinishReason.ABORT:
                     self._waste(msg.time, n)
-                if delta.finish_reason == "abort":
+                if delta.finish_reason == FinishReason.ABORT:
                     self.events.emit("cancelled", f"{delta.request_id} cancelled", id=delta.request_id)
                 else:
                     self.events.emit("finished", f"{delta.request_id} finished ({n} tokens)", id=delta.request_id)

@@ -26,6 +26,7 @@ from engine.config import EngineConfig
 from engine.distributed import STEP_TIMEOUT_S
 from engine.machine import EnginePlan, set_affinity
 from engine.sampling_params import SamplingParams
+from engine.sequence import FinishReason
 from engine.serving.messages import (
     AbortRequest,
     AddRequest,
@@ -52,7 +53,7 @@ def replica_main(
     """The child process: load the engine, then loop: take commands, step, report."""
     from engine.distributed import ShardGroupError
     from engine.errors import InvalidParamError
-    from engine.llm_engine import DEADLINE, LLMEngine
+    from engine.llm_engine import LLMEngine
     from engine.memory import copy_bandwidth_gbs
     from engine.warm_up import warm_up
 
@@ -123,8 +124,8 @@ def replica_main(
             progress["step_started"] = clock.now()
             try:
                 outputs = engine.step()
-                deltas = [_delta(out) for out in outputs if out.finish_reason != DEADLINE]
-                errors += [expired_error(out.request_id) for out in outputs if out.finish_reason == DEADLINE]
+                deltas = [_delta(out) for out in outputs if out.finish_reason != FinishReason.DEADLINE]
+                errors += [expired_error(out.request_id) for out in outputs if out.finish_reason == FinishReason.DEADLINE]
             except ShardGroupError as exc:  # a tensor-parallel rank hung or died: the group is gone
                 errors += [RequestError(rid, None, str(exc)) for rid in engine.requests]
                 failure = ReplicaFailure(str(exc), permanent=False)  # a fresh group may well hold

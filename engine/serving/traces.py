@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.clock import Clock
+from engine.sequence import FinishReason
 from engine.serving.messages import StepMessage
 from engine.step_record import StepRecord
 
@@ -166,8 +167,8 @@ class RequestTraces:
                 if delta.token_ids and not delta.finished:
                     row.outcome = Outcome.DECODE
                 if delta.finished:
-                    end = None if times is None else (times.aborted if delta.finish_reason == "abort" else times.finished)
-                    outcome = Outcome.CANCELLED if delta.finish_reason == "abort" else Outcome.FINISHED
+                    end = None if times is None else (times.aborted if delta.finish_reason == FinishReason.ABORT else times.finished)
+                    outcome = Outcome.CANCELLED if delta.finish_reason == FinishReason.ABORT else Outcome.FINISHED
                     self._end(row.id, outcome, end if end is not None else msg.time)
             for error in msg.errors:
                 self._end(error.request_id, Outcome.EXPIRED if error.expired else Outcome.FAILED, msg.time)

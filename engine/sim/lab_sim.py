@@ -28,6 +28,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.sequence import FinishReason
 from engine.serving.autoscaler import LEVERS as AUTOSCALER_LEVERS
 from engine.serving.autoscaler import TARGET_LEVERS, Autoscaler, AutoscalerConfig
 from engine.serving.defences import Defences
@@ -199,7 +200,7 @@ class SimLab:
 
     def _prefilled(self, seq: Any) -> None:
         left = self._decode_left.pop(seq.request_id, 0)
-        if left <= 0 or seq.finish_reason == "abort" or self.decode_fleet is None:
+        if left <= 0 or seq.finish_reason == FinishReason.ABORT or self.decode_fleet is None:
             self.finished += 1
             return
         params = SamplingParams(temperature=0, max_tokens=left, ignore_eos=True)

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.errors import InvalidParamError
-from engine.llm_engine import DEADLINE, LLMEngine
+from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence
+from engine.sequence import FinishReason, Sequence
 from engine.serving.messages import RequestError, StepMessage, TokenDelta, expired_error
 from engine.serving.replica_api import ENDED, ReplicaState, ReplicaStats
 from engine.sim.loop import EventLoop
@@ -248,7 +248,7 @@ class SimReplica:
 
     def _report(self, outputs: list) -> None:
         for out in outputs:
-            if out.finished and out.finish_reason == DEADLINE:  # as a live replica answers it
+            if out.finished and out.finish_reason == FinishReason.DEADLINE:  # as a live replica answers it
                 if (expired := self._streams.pop(out.request_id, None)) is not None:
                     expired.put(expired_error(out.request_id))
                 if self.on_message is not None:

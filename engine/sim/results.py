@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.sequence import Sequence
+from engine.sequence import FinishReason, Sequence
 from engine.serving.messages import RequestError
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
@@ -34,7 +34,7 @@ class Recorder:
         """earlier_tokens: token times produced elsewhere first (a disaggregated prefill's token)."""
         self.finished[seq.request_id] = seq.finish_reason or ""
         t = seq.times
-        if seq.finish_reason == "abort" or t.first_token is None or t.finished is None:
+        if seq.finish_reason == FinishReason.ABORT or t.first_token is None or t.finished is None:
             return
         arrival = self.arrivals[seq.request_id]
         tokens = [*earlier_tokens, *t.tokens] if earlier_tokens else t.tokens

@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.clock import stopwatch
 from engine.sampling_params import SamplingParams
+from engine.sequence import FinishReason
 from engine.serving.events import EventLog
 from engine.serving.router import AdmissionError, Router, RouterConfig
 from engine.sim import constants as C
@@ -78,7 +79,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         def prefilled(seq: Any) -> None:
             streams.pop(seq.request_id, None)
             left = decode_left.pop(seq.request_id)
-            if left == 0 or seq.finish_reason == "abort":
+            if left == 0 or seq.finish_reason == FinishReason.ABORT:
                 rec.finish(seq)
                 return
             first_tokens[seq.request_id] = seq.times.first_token
