@@ -8,9 +8,8 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.logprobs import TokenLogprobs
 from engine.sampling_params import SamplingParams
-from engine.sequence import FinishReason, RequestTimes
+from engine.sequence import FinishReason, RequestTimes, TokenLogprobs
 
 Prompt = str | list[int] | dict[str, Any]
 

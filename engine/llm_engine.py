@@ -11,7 +11,7 @@ import logging
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,13 +36,10 @@ from engine.model.tokenizer import load_tokenizer
 from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
-from engine.sequence import FinishReason, RequestTimes, Sequence, SequenceStatus
+from engine.sequence import FinishReason, RequestTimes, Sequence, SequenceStatus, TokenLogprobs
 from engine.step_record import StepRing, step_record
 from engine.threads import ThreadGovernor
 from engine.torch_dtypes import DTYPES
-
-if TYPE_CHECKING:
-    from engine.logprobs import TokenLogprobs
 
 log = logging.getLogger("servelab.engine")
 

@@ -6,18 +6,9 @@ how a request samples."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass
-class TokenLogprobs:
-    """One position: the token there (chosen or given), its logprob, and the k most likely."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob), most likely first
+from engine.sequence import TokenLogprobs
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], ks: list[int]) -> list[TokenLogprobs]:

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
 
-if TYPE_CHECKING:
-    from engine.logprobs import TokenLogprobs
+
+@dataclass
+class TokenLogprobs:
+    """One position: the token there (chosen or given), its logprob, and the k most likely
+    (computed in engine/logprobs.py; a plain record here, so the layers above need no torch)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first
 
 
 class FinishReason(enum.StrEnum):

@@ -160,6 +160,19 @@ def test_the_lever_table_does_not_import_torch() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_the_web_floor_reads_the_serving_contracts_without_torch() -> None:
+    """The API blueprint, the live stream, the pages and the figures need the contracts (finish
+    reasons, logprobs, the lab's facade), not the engine: torch is the composition root's to load.
+    The what-if panels still load it, through the simulator's engine (engine/sim runs LLMEngine)."""
+    import subprocess
+    import sys
+
+    modules = ("web", "web.openai_api", "web.live", "web.pages", "web.figures", "web.classroom")
+    code = f"import sys; import {', '.join(modules)}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_the_checks_fail_on_a_cycle_and_an_upward_import() -> None:
     """The two checks above can fail: a cycle and an upward import added to the real graph are found."""
     edges = graph()

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.logprobs import TokenLogprobs
 from engine.model.tokenizer import ChatTokenizer
-from engine.sequence import FinishReason, RequestTimes
+from engine.sequence import FinishReason, RequestTimes, TokenLogprobs
 from engine.serving.messages import TokenDelta
 from web.openai_request import ParsedRequest, parse_request
 
