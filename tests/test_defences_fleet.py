@@ -28,7 +28,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.defences import Defences
 from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.messages import RequestError, TokenDelta
+from engine.serving.messages import AddRequest, RequestError, TokenDelta
 from engine.serving.replica import ReplicaHandle, replica_pids
 from engine.serving.router import RouterConfig
 from engine.sim.lab_sim import SimLab
@@ -120,7 +120,7 @@ def test_without_the_collective_timeout_a_stopped_rank_hangs_the_group_and_it_st
         assert handle.step_timeout_s is None  # the guard off is the guard absent, not a long number
         assert handle.wait_ready(240), handle.error
         pids = handle.stats.facts["tp_rank_pids"]
-        events = handle.submit("hung", hf_reference["prompts"][0]["prompt_ids"], LONG)
+        events = handle.submit(AddRequest("hung", hf_reference["prompts"][0]["prompt_ids"], LONG))
         assert isinstance(events.get(timeout=60), TokenDelta)
         os.kill(pids[1], signal.SIGSTOP)
         time.sleep(0.5)

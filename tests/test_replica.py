@@ -13,7 +13,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.serving.messages import RequestError, TokenDelta
+from engine.serving.messages import AddRequest, RequestError, TokenDelta
 from engine.serving.replica import ReplicaHandle
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -51,7 +51,7 @@ def test_streams_match_offline_greedy_and_share_step_messages(replica: ReplicaHa
     tokenizer = llm_fp32.tokenizer
     want = llm_fp32.generate(PROMPTS, GREEDY)
     messages_before = replica.num_token_messages
-    streams = [replica.submit(f"s{i}", tokenizer.encode(p), GREEDY) for i, p in enumerate(PROMPTS)]
+    streams = [replica.submit(AddRequest(f"s{i}", tokenizer.encode(p), GREEDY)) for i, p in enumerate(PROMPTS)]
     for events, expected in zip(streams, want):
         deltas = collect(events)
         assert all(isinstance(d, TokenDelta) for d in deltas)
@@ -64,8 +64,8 @@ def test_streams_match_offline_greedy_and_share_step_messages(replica: ReplicaHa
 
 def test_abort_frees_blocks_and_bad_input_names_the_field(replica: ReplicaHandle, llm_fp32: LLM) -> None:
     ids = llm_fp32.tokenizer.encode(PROMPTS[0])
-    long = replica.submit("long", ids, SamplingParams(temperature=0, max_tokens=500, ignore_eos=True))
-    bad = replica.submit("bad", ids, SamplingParams(max_tokens=9000))
+    long = replica.submit(AddRequest("long", ids, SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)))
+    bad = replica.submit(AddRequest("bad", ids, SamplingParams(max_tokens=9000)))
     error = collect(bad)[0]
     assert isinstance(error, RequestError) and error.param == "max_tokens"
     first = long.get(timeout=60)
@@ -79,9 +79,8 @@ def test_abort_frees_blocks_and_bad_input_names_the_field(replica: ReplicaHandle
 def test_sigkill_fails_in_flight_streams_within_two_seconds(llm_fp32: LLM) -> None:
     handle = ReplicaHandle(1, EngineConfig(dtype="float32"))
     assert handle.wait_ready(), handle.error
-    events = handle.submit(
-        "doomed", llm_fp32.tokenizer.encode(PROMPTS[1]), SamplingParams(max_tokens=2000, ignore_eos=True)
-    )
+    ids = llm_fp32.tokenizer.encode(PROMPTS[1])
+    events = handle.submit(AddRequest("doomed", ids, SamplingParams(max_tokens=2000, ignore_eos=True)))
     assert isinstance(events.get(timeout=60), TokenDelta)
     killed = time.monotonic()
     os.kill(handle.process.pid, signal.SIGKILL)
@@ -89,16 +88,16 @@ def test_sigkill_fails_in_flight_streams_within_two_seconds(llm_fp32: LLM) -> No
     assert time.monotonic() - killed < 2.0
     tail = collect(events, timeout=2.0)
     assert isinstance(tail[-1], RequestError) and "died" in tail[-1].message
-    assert isinstance(handle.submit("after", [1, 2, 3], GREEDY).get(timeout=1), RequestError)
+    assert isinstance(handle.submit(AddRequest("after", [1, 2, 3], GREEDY)).get(timeout=1), RequestError)
     handle.stop()
 
 
 def test_drain_finishes_residents_then_stops(llm_fp32: LLM) -> None:
     handle = ReplicaHandle(2, EngineConfig(dtype="float32"))
     assert handle.wait_ready(), handle.error
-    resident = handle.submit("resident", llm_fp32.tokenizer.encode(PROMPTS[0]), GREEDY)
+    resident = handle.submit(AddRequest("resident", llm_fp32.tokenizer.encode(PROMPTS[0]), GREEDY))
     handle.drain()
-    refused = handle.submit("late", [1, 2, 3], GREEDY).get(timeout=5)
+    refused = handle.submit(AddRequest("late", [1, 2, 3], GREEDY)).get(timeout=5)
     assert isinstance(refused, RequestError)
     deltas = collect(resident)
     assert sum(len(d.token_ids) for d in deltas) == GREEDY.max_tokens

@@ -17,7 +17,7 @@ from engine.distributed import process_state
 from engine.errors import InvalidParamError
 from engine.model.llama import Llama, LlamaConfig
 from engine.model.sharding import shard_model, split_evenly
-from engine.serving.messages import RequestError, TokenDelta
+from engine.serving.messages import AddRequest, RequestError, TokenDelta
 from engine.serving.replica import ReplicaHandle
 from tests.test_hf_equivalence import check
 from tests.test_replica import collect, wait_for
@@ -71,7 +71,7 @@ def test_sigstop_one_rank_fails_the_group_within_15_s(hf_reference: dict[str, An
         pids = handle.stats.facts["tp_rank_pids"]
         assert len(pids) == 2 and pids[0] == handle.process.pid
         prompt = hf_reference["prompts"][0]["prompt_ids"]
-        events = handle.submit("doomed", prompt, SamplingParams(max_tokens=2000, ignore_eos=True))
+        events = handle.submit(AddRequest("doomed", prompt, SamplingParams(max_tokens=2000, ignore_eos=True)))
         assert isinstance(events.get(timeout=60), TokenDelta)
         os.kill(pids[1], signal.SIGSTOP)
         stopped = time.monotonic()
@@ -80,7 +80,8 @@ def test_sigstop_one_rank_fails_the_group_within_15_s(hf_reference: dict[str, An
         tail = collect(events, timeout=2.0)
         assert isinstance(tail[-1], RequestError) and "rank 1" in tail[-1].message, tail[-1]
         print(f"failed after {time.monotonic() - stopped:.1f} s: {tail[-1].message}")
-        assert isinstance(handle.submit("after", [1, 2, 3], SamplingParams(max_tokens=2)).get(timeout=1), RequestError)
+        late = handle.submit(AddRequest("after", [1, 2, 3], SamplingParams(max_tokens=2)))
+        assert isinstance(late.get(timeout=1), RequestError)
         assert wait_for(lambda: all(gone(pid) for pid in pids), 5), [p for p in pids if not gone(p)]
     finally:
         for pid in pids:

@@ -46,6 +46,15 @@ VOCAB = (100, 49000)  # the model's ordinary token ids: no specials, so no token
 now = time.perf_counter  # one clock for every timestamp a run records
 
 
+def arrival_gap(rng: random.Random, rate: float, burstiness: float) -> float:
+    """Seconds to the next arrival: Gamma(shape=burstiness, scale=1/(rate*burstiness)), mean 1/rate
+    whatever the burstiness (1 is Poisson, below 1 bursty, inf evenly spaced). The one arrival
+    process: benchmarks, the live flood and the simulated lab all draw their gaps here."""
+    if burstiness == float("inf"):
+        return 1.0 / rate
+    return rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+
+
 def arrival_times(rate: float, num_requests: int, burstiness: float = 1.0, seed: int = 0) -> list[float]:
     """Send offsets in seconds from the start, as vLLM's get_request computes them: gaps drawn
     from Gamma(shape=burstiness, scale=1/(rate*burstiness)) (mean 1/rate whatever the
@@ -60,8 +69,7 @@ def arrival_times(rate: float, num_requests: int, burstiness: float = 1.0, seed:
     rng = random.Random(seed)
     offsets, total = [], 0.0
     for _ in range(num_requests):
-        theta = 1.0 / (rate * burstiness)
-        total += 1.0 / rate if burstiness == float("inf") else rng.gammavariate(burstiness, theta)
+        total += arrival_gap(rng, rate, burstiness)
         offsets.append(total)
     scale = (num_requests / rate) / total
     return [t * scale for t in offsets]

@@ -20,7 +20,9 @@ class AddRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
-    arrival_time: float  # stamped once, when the router admitted it (the replica never restamps)
+    # Stamped once, when the router admitted it (the replica never restamps); None only from a caller
+    # with no queue in front (a test, a benchmark driving one replica): the hand-off is the arrival.
+    arrival_time: float | None = None
     deadline: float | None = None  # the router's, in the same clock
     drop_if_expired: bool = True  # deadline_recheck as it stood when the router dispatched it
     priority: int = 0  # lower is admitted sooner by the scheduler

@@ -10,6 +10,7 @@ so a slow step on a busy CPU is not mistaken for a frozen process."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import logging
 import multiprocessing as mp
@@ -250,31 +251,21 @@ class ReplicaHandle:
 
     # commands ---------------------------------------------------------------------------------
 
-    def submit(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        events: queue.Queue | None = None,
-        arrival_time: float | None = None,
-        deadline: float | None = None,
-        drop_if_expired: bool = True,
-        priority: int = 0,
-    ) -> queue.Queue:
+    def submit(self, request: AddRequest, events: queue.Queue | None = None) -> queue.Queue:
         """Queue of events for this request (the caller's, or a new one): TokenDelta (the last
         one has finished=True) or a RequestError, after which nothing more comes.
 
-        arrival_time is the router's admission stamp, so the replica's TTFT and queue time
-        include the wait in the central queue. Only a caller with no queue in front (a test, a
-        benchmark driving one replica) leaves it out, and then the hand-off is the arrival."""
+        The request's arrival_time is the router's admission stamp, so the replica's TTFT and
+        queue time include the wait in the central queue; left None, the hand-off is the arrival."""
         events = queue.Queue() if events is None else events
         with self._lock:
             if self.state != ReplicaState.READY:
-                events.put(RequestError(request_id, None, f"replica {self.replica_id} is {self.state}"))
+                events.put(RequestError(request.request_id, None, f"replica {self.replica_id} is {self.state}"))
                 return events
-            self._streams[request_id] = events
-        arrival = WALL_CLOCK.now() if arrival_time is None else arrival_time
-        self._inbox.put(AddRequest(request_id, prompt_token_ids, params, arrival, deadline, drop_if_expired, priority))
+            self._streams[request.request_id] = events
+        if request.arrival_time is None:
+            request = dataclasses.replace(request, arrival_time=WALL_CLOCK.now())
+        self._inbox.put(request)
         return events
 
     def abort(self, request_id: str) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.sampling_params import SamplingParams
+from engine.serving.messages import AddRequest
 
 
 class ReplicaState(enum.StrEnum):
@@ -70,17 +70,7 @@ class Replica(Protocol):
     @property
     def num_in_flight(self) -> int: ...
 
-    def submit(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        events: queue.Queue | None = None,
-        arrival_time: float | None = None,
-        deadline: float | None = None,
-        drop_if_expired: bool = True,
-        priority: int = 0,
-    ) -> queue.Queue: ...
+    def submit(self, request: AddRequest, events: queue.Queue | None = None) -> queue.Queue: ...
 
     def abort(self, request_id: str) -> None: ...
 

@@ -29,7 +29,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.defences import Defences
 from engine.serving.driver import WallClockDriver
 from engine.serving.events import EventLog
-from engine.serving.messages import RequestError, expired_error
+from engine.serving.messages import AddRequest, RequestError, expired_error
 from engine.serving.rate_limit import RateLimiter
 from engine.serving.replica_api import ENDED, Replica, ReplicaState
 from engine.serving.request_queue import QueuedRequest, RequestQueue
@@ -245,16 +245,11 @@ class Router:
                     break
                 self.queue.pop()
                 self._remember_prefix(replica, head)
-                replica.submit(
-                    head.request_id,
-                    head.prompt_token_ids,
-                    head.params,
-                    events=head.payload,
-                    arrival_time=head.arrival,
-                    deadline=head.deadline,
-                    drop_if_expired=self.defences.deadline_recheck,
-                    priority=head.priority,
+                request = AddRequest(
+                    head.request_id, head.prompt_token_ids, head.params, head.arrival, head.deadline,
+                    self.defences.deadline_recheck, head.priority,
                 )
+                replica.submit(request, events=head.payload)
                 self.traces.dispatched(head.request_id, replica.replica_id)
                 dispatched += 1
         return dispatched

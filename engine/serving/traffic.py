@@ -25,7 +25,7 @@ from typing import Any
 from engine.clock import WALL_CLOCK, Clock
 from engine.serving.client_stats import ClientLatency
 from engine.serving.lab_clients import Attempt, ClientCounts, ClientPolicy, LabHttpClient, RefusalHook
-from engine.serving.loadgen import VOCAB, LoadRequest, RouterTarget, Target, draw_length, now
+from engine.serving.loadgen import VOCAB, LoadRequest, RouterTarget, Target, arrival_gap, draw_length, now
 from engine.serving.loadgen_metrics import RequestRecord
 from engine.serving.proxy import LabProxy, ProxySettings
 from engine.serving.router import Router
@@ -156,8 +156,7 @@ class TrafficDriver:
         rate = self.current_rate()
         if rate <= 0:
             return None
-        burst = float(self._levers()["burstiness"])
-        return self.rng.gammavariate(burst, 1.0 / (rate * burst))
+        return arrival_gap(self.rng, rate, float(self._levers()["burstiness"]))
 
     def next_request(self) -> LoadRequest:
         """The next arrival's request, its lengths drawn around the levers' means of this moment."""

@@ -34,7 +34,7 @@ from engine.serving.autoscaler import TARGET_LEVERS, Autoscaler, AutoscalerConfi
 from engine.serving.defences import Defences
 from engine.serving.events import EventLog
 from engine.serving.fleet import SNAPSHOT_HZ, Fleet, FleetConfig
-from engine.serving.loadgen import draw_length
+from engine.serving.loadgen import arrival_gap, draw_length
 from engine.serving.provisioning import SCALE_COUNTERS
 from engine.serving.router import AdmissionError, RouterConfig
 from engine.serving.shape import min_tensor_parallel
@@ -174,8 +174,7 @@ class SimLab:
         rate = self.current_rate()
         if rate > 0:
             self._arrive()
-            burst = float(self.levers["burstiness"])
-            gap = self.rng.gammavariate(burst, 1.0 / (rate * burst))
+            gap = arrival_gap(self.rng, rate, float(self.levers["burstiness"]))
         else:
             gap = 0.2  # rate 0: look again shortly
         self.loop.after(gap, lambda: self._next_arrival(run))

@@ -22,7 +22,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerOutput
 from engine.sequence import FinishReason, Sequence
-from engine.serving.messages import RequestError, StepMessage, TokenDelta, expired_error
+from engine.serving.messages import AddRequest, RequestError, StepMessage, TokenDelta, expired_error
 from engine.serving.replica_api import ENDED, ReplicaState, ReplicaStats
 from engine.sim.loop import EventLoop
 from engine.sim.runner import CostModelRunner
@@ -107,52 +107,33 @@ class SimReplica:
 
     # commands ---------------------------------------------------------------------------------
 
-    def submit(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        events: queue.Queue | None = None,
-        arrival_time: float | None = None,
-        deadline: float | None = None,
-        drop_if_expired: bool = True,
-        priority: int = 0,
-    ) -> queue.Queue:
+    def submit(self, request: AddRequest, events: queue.Queue | None = None) -> queue.Queue:
         events = queue.Queue() if events is None else events
-        routed = (deadline, drop_if_expired, priority)
         if self.state != ReplicaState.READY:
-            events.put(RequestError(request_id, None, f"replica {self.replica_id} is {self.state}"))
+            events.put(RequestError(request.request_id, None, f"replica {self.replica_id} is {self.state}"))
             return events
-        self._streams[request_id] = events
+        self._streams[request.request_id] = events
         if self.kv_transfer_s is None:
-            self._add(request_id, prompt_token_ids, params, arrival_time, routed)
+            self._add(request)
         else:
-            received = prompt_token_ids[:-1]  # the last id is the token the prefill replica sampled
+            received = request.prompt_token_ids[:-1]  # the last id is the token the prefill replica sampled
 
             def land() -> None:
-                if request_id in self._streams:  # not failed or stopped meanwhile
+                if request.request_id in self._streams:  # not failed or stopped meanwhile
                     self.engine.kv.import_prefix(received)
-                    self._add(request_id, prompt_token_ids, params, arrival_time, routed)
+                    self._add(request)
 
             self.loop.after(self.kv_transfer_s(len(received)), land)
         return events
 
-    def _add(
-        self,
-        request_id: str,
-        prompt: list[int],
-        params: SamplingParams,
-        arrival_time: float | None,
-        routed: tuple[float | None, bool, int] = (None, True, 0),
-    ) -> None:
-        deadline, drop, priority = routed  # what the router decided besides the request itself
+    def _add(self, r: AddRequest) -> None:
         try:
             self.engine.add_request(
-                request_id, None, params, prompt_token_ids=prompt, arrival_time=arrival_time,
-                deadline=deadline, drop_if_expired=drop, priority=priority,
+                r.request_id, None, r.params, prompt_token_ids=r.prompt_token_ids, arrival_time=r.arrival_time,
+                deadline=r.deadline, drop_if_expired=r.drop_if_expired, priority=r.priority,
             )
         except InvalidParamError as err:
-            self._streams.pop(request_id).put(RequestError(request_id, err.param, err.message))
+            self._streams.pop(r.request_id).put(RequestError(r.request_id, err.param, err.message))
             return
         self._wake()
 
