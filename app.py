@@ -20,17 +20,17 @@ from flask_socketio import SocketIO
 from engine import machine
 from engine.config import EngineConfig
 from engine.errors import InvalidParamError
+from engine.lab.facade import LabFacade
+from engine.lab.live.lab import LiveLab, engine_fields
+from engine.lab.live_limits import replica_bounds
+from engine.lab.remote.remote_backend import RemoteConfig
+from engine.lab.remote.remote_lab import RemoteLab
+from engine.lab.remote.remote_levers import REMOTE_LEVERS
 from engine.levers import LEVERS, parse_bool, validate_levers
 from engine.machine import MachineError
-from engine.serving.defences import Defences
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.lab import LiveLab, engine_fields
-from engine.serving.lab_facade import LabFacade
-from engine.serving.live_limits import replica_bounds
-from engine.serving.remote_backend import RemoteConfig
-from engine.serving.remote_lab import RemoteLab
-from engine.serving.remote_levers import REMOTE_LEVERS
-from engine.serving.router import RouterConfig, api_keys_from_env
+from engine.serving.routing.defences import Defences
+from engine.serving.routing.router import RouterConfig, api_keys_from_env
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 from web import create_api_app
 from web.classroom import install_classroom
 from web.lessons import LessonLibrary
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     token = os.environ.get("SERVELAB_INSTRUCTOR_TOKEN") or None
     if args.backend == "remote":
         return main_remote(args, levers, token)
-    from engine.serving.server import serve_app
+    from engine.launch.api_server import serve_app
 
     try:  # what no replica could get past is refused here, in one line
         machine.cpu()
@@ -168,7 +168,7 @@ def start_background_calibration() -> None:
 
 def main_remote(args: argparse.Namespace, levers: dict, token: str | None) -> int:
     """--backend remote: bad flags exit 2 with one line; then the lab serves over the remote."""
-    from engine.serving.remote_server import serve_remote
+    from engine.launch.remote_server import serve_remote
 
     try:
         config = RemoteConfig.from_args(args.base_url, args.metrics_url, args.api_key)

@@ -64,7 +64,7 @@ def hop_latency(port: int, model: str, prompt: list[int]) -> float:
 
 def main() -> None:
     from engine.model.paths import DEFAULT_MODEL_NAME
-    from engine.serving.loadgen import HttpTarget, make_requests, run_load
+    from engine.serving.load.loadgen import HttpTarget, make_requests, run_load
     from engine.sim import calibration
     from engine.sim.devices import CPU_CALIBRATION
 

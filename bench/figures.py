@@ -116,8 +116,8 @@ def measure_roofline() -> dict[str, float]:
 def measure_ramp() -> dict[str, float]:
     from bench.serving_bench import start_servelab_as_served, stop
     from engine.model.paths import DEFAULT_MODEL_NAME
-    from engine.serving.loadgen import HttpTarget, LoadRequest, arrival_times, run_load
-    from engine.serving.loadgen_metrics import summarize
+    from engine.serving.load.loadgen import HttpTarget, LoadRequest, arrival_times, run_load
+    from engine.serving.load.loadgen_metrics import summarize
 
     port = 8790
     proc = start_servelab_as_served(port, ROOT / ".cache" / "figures-ramp.log")

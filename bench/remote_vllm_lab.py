@@ -24,10 +24,10 @@ from pathlib import Path
 
 from bench.engine_bench import TCMALLOC
 from bench.serving_bench import HF_FOLDER, wait_http
+from engine.lab.remote.remote_backend import fetch
+from engine.lab.remote.remote_metrics import read_exposition
 from engine.model.paths import DEFAULT_MODEL_NAME
-from engine.serving.prometheus_text import parse
-from engine.serving.remote_backend import fetch
-from engine.serving.remote_metrics import read_exposition
+from engine.serving.telemetry.prometheus_text import parse
 from tests.server_process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ from pathlib import Path
 from bench.engine_bench import OFFLINE_RESULT, TCMALLOC, vllm_env
 from bench.workload import make_workload
 from engine.model.paths import DEFAULT_MODEL_NAME
-from engine.serving.loadgen import HttpTarget, LoadRequest, run_load
-from engine.serving.loadgen_metrics import summarize
+from engine.serving.load.loadgen import HttpTarget, LoadRequest, run_load
+from engine.serving.load.loadgen_metrics import summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT / ".venv-peers" / "bin"

@@ -17,7 +17,7 @@ import re
 
 from bench.sim_web_cpu import FLEET_64, app_server, browser_page
 from engine.model.paths import DEFAULT_MODEL_NAME
-from engine.serving.loadgen import HttpTarget, arrival_times, make_requests, run_load
+from engine.serving.load.loadgen import HttpTarget, arrival_times, make_requests, run_load
 from tests.server_process import ServerProcess
 
 ITL = re.compile(r"^vllm:inter_token_latency_seconds_(sum|count)\{[^}]*\} (\S+)$", re.MULTILINE)

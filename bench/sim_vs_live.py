@@ -109,7 +109,7 @@ def serving_workload(rate: float, seconds: float, output_mean: int, seed: int) -
     """One rate's requests. Each rate takes its own seed: the server keeps its prefix cache from
     one rate to the next, and the same seed draws the same first prompts, which the next run
     would then find cached (the simulator starts each run cold)."""
-    from engine.serving.loadgen import arrival_times, make_requests
+    from engine.serving.load.loadgen import arrival_times, make_requests
 
     n = max(2, round(rate * seconds))
     reqs = make_requests(n, SERVE_PROMPT, output_mean, SERVE_RATIO, seed)
@@ -175,8 +175,8 @@ def start_server(port: int, exe: dict[str, Any], log: Path) -> subprocess.Popen:
 
 def live_serving(port: int, reqs: list[Any], workload: Workload) -> dict[str, Any]:
     from engine.model.paths import DEFAULT_MODEL_NAME
-    from engine.serving.loadgen import HttpTarget, run_load
-    from engine.serving.loadgen_metrics import summarize
+    from engine.serving.load.loadgen import HttpTarget, run_load
+    from engine.serving.load.loadgen_metrics import summarize
 
     target = HttpTarget(f"http://127.0.0.1:{port}", DEFAULT_MODEL_NAME)
     arrivals = [a for a, _, _ in workload]
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
 
     proc = start_server(port, exe, log)
     try:
-        from engine.serving.loadgen import make_requests
+        from engine.serving.load.loadgen import make_requests
 
         live_serving(port, make_requests(4, 64, 8, seed=99), [(0.0, 64, 8)] * 4)  # warm the server's paths
         for i, rate in enumerate(RATES):

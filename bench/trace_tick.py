@@ -11,8 +11,8 @@ import statistics
 import time
 
 from engine.clock import VirtualClock
-from engine.serving.messages import StepMessage
-from engine.serving.traces import WINDOW_ROWS, RequestTraces
+from engine.serving.replicas.messages import StepMessage
+from engine.serving.telemetry.traces import WINDOW_ROWS, RequestTraces
 from engine.step_record import StepEntry, StepRecord
 
 STEPS_PER_TICK = 6  # a replica decoding at ~36 steps/s, ticked six times a second

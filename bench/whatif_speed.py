@@ -1,7 +1,7 @@
 """`python -m bench.whatif_speed`: how long the browser waits for each what-if run, on this
 machine: every A/B preset and every lesson's at-scale experiment, both sides, through the same
 code as `POST /whatif/ab` (engine/sim/compare.py), plus the live lab's prediction at its default
-levers (engine/sim/predict.py). Prints a markdown table of wall seconds and simulated seconds."""
+levers (engine/lab/simulated/predict.py). Prints a markdown table of wall seconds and simulated seconds."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import os
 import sys
 import time
 
+from engine.lab.simulated.predict import predict
 from engine.levers import LEVERS
 from engine.sim.compare import parse_experiment, run_experiment
-from engine.sim.predict import predict
 from engine.sim.presets import PRESETS
 from web.lessons import LessonLibrary
 

@@ -14,7 +14,7 @@ import typing
 
 from engine.config import EngineConfig
 from engine.levers import LEVERS, parse_bool
-from engine.serving.defences import Defences
+from engine.serving.routing.defences import Defences
 
 
 def add_lever_flags(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def add_lever_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_defence_flags(parser: argparse.ArgumentParser) -> None:
-    """The serving layer's defences (engine/serving/defences.py): `--queue-bound false`, ..."""
+    """The serving layer's defences (engine/serving/routing/defences.py): `--queue-bound false`, ..."""
     for key in Defences.names():
         parser.add_argument(
             "--" + key.replace("_", "-"), type=parse_bool, default=LEVERS[key].default, metavar="true|false",
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.command == "serve":
-        from engine.serving.server import serve_forever
+        from engine.launch.api_server import serve_forever
 
         return serve_forever(args, _levers(args))
 

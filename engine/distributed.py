@@ -21,7 +21,7 @@ after which rank 0 kills every worker (SIGKILL works on a stopped process too) a
 ShardGroupError; workers die with their parent (PR_SET_PDEATHSIG) and leave on a broken pipe.
 With the defence lever `collective_timeout` off (EngineConfig), ServeLab sets no timeout of its
 own: the group gets torch's built-in default (gloo cannot wait forever, but its default is half
-an hour), and the replica arms no step watchdog (engine/serving/replica.py), so a stopped rank
+an hour), and the replica arms no step watchdog (engine/serving/replicas/replica.py), so a stopped rank
 leaves rank 0 waiting inside an all-reduce while its heartbeats still say it is alive.
 """
 

@@ -6,13 +6,13 @@ and the lessons. Keys are fixed by DESIGN.md; a page's input `name` is the key.
 "mode" (which executor the lab runs: the live engine or the simulated fleet).
 
 `group` sorts the pages' forms: "" the ordinary levers; "defence" a guard the guide names, on by
-default, whose "off" reproduces the production failure it prevents (engine/serving/defences.py,
+default, whose "off" reproduces the production failure it prevents (engine/serving/routing/defences.py,
 and the /failures gallery); "client" how the lab's own clients and the proxy in front of the
 server behave (patience, retries, idle timeout).
 
 Ranges are what the simulated fleet can reach (thousands of req/s, 32k prompts, 512 GPUs); the
-live engine's narrower limits on this machine are engine/serving/lab.py check_live's, and a
-simulated configuration's are engine/sim/lab_check.py check_sim's (the simulator's own reasons)."""
+live engine's narrower limits on this machine are engine/lab/live/lab.py check_live's, and a
+simulated configuration's are engine/lab/simulated/lab_check.py check_sim's (the simulator's own reasons)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ class FinishReason(enum.StrEnum):
     LENGTH = "length"  # max_tokens, or the model's context
     ABORT = "abort"
     # Dropped unstarted at its deadline; never reaches a client as such: the replica answers it as
-    # the router's "deadline" refusal (engine/serving/replica.py).
+    # the router's "deadline" refusal (engine/serving/replicas/replica.py).
     DEADLINE = "deadline"
 
 

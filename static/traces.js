@@ -1,4 +1,4 @@
-// Request traces in the browser: the `trace` event on /live (engine/serving/traces.py) drawn as
+// Request traces in the browser: the `trace` event on /live (engine/serving/telemetry/traces.py) drawn as
 // swimlanes (one row per recent request, coloured by phase) and the batch step by step (each
 // engine step a stacked bar of the tokens it ran, against max_batched_tokens). SVG, redrawn at
 // most once a frame; names and ids are set as text, never as HTML.

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from engine.sampling_params import SamplingParams
 from engine.sequence import RequestTimes
-from engine.serving.fleet import Fleet
-from engine.serving.messages import RequestError, TokenDelta
-from engine.serving.replica import replica_pids
-from engine.serving.router import AdmissionError
+from engine.serving.replicas.messages import RequestError, TokenDelta
+from engine.serving.replicas.replica import replica_pids
+from engine.serving.routing.router import AdmissionError
+from engine.serving.scaling.fleet import Fleet
 from tests.waiting import wait_for
 
 

@@ -6,8 +6,8 @@ import random
 
 from engine.clock import VirtualClock
 from engine.sampling_params import SamplingParams
-from engine.serving.rate_limit import RateLimiter
-from engine.serving.request_queue import QueuedRequest, RequestQueue
+from engine.serving.routing.rate_limit import RateLimiter
+from engine.serving.routing.request_queue import QueuedRequest, RequestQueue
 
 
 def req(i: int) -> QueuedRequest:

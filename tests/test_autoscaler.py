@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine.clock import VirtualClock
-from engine.serving.autoscaler import Autoscaler, AutoscalerConfig, Decision, Signals
-from engine.serving.defences import Defences
-from engine.serving.events import EventLog
+from engine.serving.routing.defences import Defences
+from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision, Signals
+from engine.serving.telemetry.events import EventLog
 
 TICK = 0.5
 

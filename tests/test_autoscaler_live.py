@@ -9,10 +9,10 @@ import threading
 import time
 
 from engine.config import EngineConfig
-from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.loadgen import RequestRecord, RouterTarget, make_requests, run_load
-from engine.serving.router import RouterConfig
+from engine.serving.load.loadgen import RequestRecord, RouterTarget, make_requests, run_load
+from engine.serving.routing.router import RouterConfig
+from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 from tests.waiting import wait_for
 
 FAST = AutoscalerConfig(

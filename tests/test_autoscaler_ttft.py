@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from engine.clock import VirtualClock
+from engine.lab.simulated.lab_sim import SimLab
 from engine.levers import LEVERS
-from engine.serving.autoscaler import Autoscaler, AutoscalerConfig, Decision
-from engine.serving.metrics import WINDOW_S, window_percentile
-from engine.sim.lab_sim import SimLab
+from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision
+from engine.serving.telemetry.metrics import WINDOW_S, window_percentile
 from tests.test_autoscaler import FakeFleet, play, scaler
 
 
@@ -126,7 +126,7 @@ def test_the_target_comes_from_the_lever_and_applies_live() -> None:
     assert decision.reason == "p99 TTFT 2400 ms > target 2000 ms for 5 s: +1"
 
 
-# the real Fleet, Router and Autoscaler over simulated replicas (engine/sim/lab_sim.py) -----------
+# the real Fleet, Router and Autoscaler over simulated replicas (engine/lab/simulated/lab_sim.py) -----------
 
 LONG_PROMPTS: dict[str, Any] = {
     "executor": "sim",

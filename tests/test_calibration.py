@@ -80,8 +80,8 @@ def test_the_step_codes_hash_follows_its_files(tmp_path: Path) -> None:
 def test_a_prediction_on_another_machines_calibration_says_whose(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    from engine.lab.simulated.predict import predict
     from engine.levers import LEVERS
-    from engine.sim.predict import predict
 
     monkeypatch.setattr(calibration, "CALIBRATION_DIR", tmp_path)  # no calibration of this machine
     levers = {k: lever.default for k, lever in LEVERS.items()} | {"request_rate": 1.0, "max_num_seqs": 16}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ServingError
-from engine.serving.live_limits import FLOOD_MAX_RATE
+from engine.lab.live_limits import FLOOD_MAX_RATE
 from web.classroom_state import (
     ATTACH_WITHIN_S,
     JOIN_BURST,

@@ -21,14 +21,14 @@ import pytest
 from werkzeug.serving import make_server
 
 from engine.config import EngineConfig
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.lab import LiveLab
-from engine.serving.lab_clients import Attempt
-from engine.serving.loadgen import HttpTarget, make_requests, now, run_load
-from engine.serving.loadgen_metrics import RequestRecord
-from engine.serving.replica import replica_pids
-from engine.serving.router import RouterConfig
-from engine.serving.server import RequestLog
+from engine.lab.live.lab import LiveLab
+from engine.lab.live.lab_clients import Attempt
+from engine.launch.api_server import RequestLog
+from engine.serving.load.loadgen import HttpTarget, make_requests, now, run_load
+from engine.serving.load.loadgen_metrics import RequestRecord
+from engine.serving.replicas.replica import replica_pids
+from engine.serving.routing.router import RouterConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 from tests.waiting import wait_for
 from web import create_api_app
 
@@ -308,8 +308,8 @@ def test_serve_takes_stream_flush_as_a_flag() -> None:
 def test_retry_after_without_jitter_is_the_exact_drain_estimate_read_at_each_refusal() -> None:
     from engine.clock import VirtualClock
     from engine.sampling_params import SamplingParams
-    from engine.serving.defences import Defences
-    from engine.serving.request_queue import QueuedRequest, RequestQueue
+    from engine.serving.routing.defences import Defences
+    from engine.serving.routing.request_queue import QueuedRequest, RequestQueue
 
     clock, defences = VirtualClock(0.0), Defences()
     queue = RequestQueue(cap=6, deadline_s=None, clock=clock, defences=defences)
@@ -329,8 +329,8 @@ def test_retry_after_without_jitter_is_the_exact_drain_estimate_read_at_each_ref
 def test_tokens_made_after_the_client_left_count_as_wasted_in_the_window() -> None:
     from engine.clock import VirtualClock
     from engine.sequence import RequestTimes
-    from engine.serving.messages import StepMessage, TokenDelta
-    from engine.serving.metrics import MetricsBus
+    from engine.serving.replicas.messages import StepMessage, TokenDelta
+    from engine.serving.telemetry.metrics import MetricsBus
 
     clock = VirtualClock(100.0)
     bus = MetricsBus(clock)

@@ -9,7 +9,7 @@ process.
   READY (what /ready reports) while no token comes for 16 s, past both guards' deadlines; on, it
   fails loudly within 16 s and the autoscaler orders a fresh group in its place.
 - asymmetric_windows, count_pending: the simulated lab (the real Fleet, Router and Autoscaler on an
-  EventLoop's VirtualClock, engine/sim/lab_sim.py), so nothing depends on this machine's speed.
+  EventLoop's VirtualClock, engine/lab/simulated/lab_sim.py), so nothing depends on this machine's speed.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from typing import Any
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
 from engine.distributed import process_state
+from engine.lab.simulated.lab_sim import SimLab
 from engine.levers import LEVERS
 from engine.sampling_params import SamplingParams
-from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
-from engine.serving.defences import Defences
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.messages import AddRequest, RequestError, TokenDelta
-from engine.serving.replica import ReplicaHandle, replica_pids
-from engine.serving.router import RouterConfig
-from engine.sim.lab_sim import SimLab
+from engine.serving.replicas.messages import AddRequest, RequestError, TokenDelta
+from engine.serving.replicas.replica import ReplicaHandle, replica_pids
+from engine.serving.routing.defences import Defences
+from engine.serving.routing.router import RouterConfig
+from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 from tests.test_autoscaler import FakeFleet, play, scaler
 from tests.waiting import wait_for
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from engine.clock import VirtualClock
+from engine.lab.envelope import MB, bottlenecks, decode_step_ms, envelope
+from engine.lab.traffic import Ramp
 from engine.levers import LEVERS
-from engine.serving.envelope import MB, bottlenecks, decode_step_ms, envelope
-from engine.serving.events import EventLog
-from engine.serving.traffic import Ramp
+from engine.serving.telemetry.events import EventLog
 
 LEVERS_NOW = {key: lever.default for key, lever in LEVERS.items()} | {"prompt_tokens": 200, "output_tokens": 56}
 # SmolLM2-135M in bf16: 30 layers x 3 KV heads x 64 dims x K and V x 2 bytes = 23,040 bytes a token.

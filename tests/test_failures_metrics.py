@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from engine.clock import VirtualClock
 from engine.sequence import RequestTimes
-from engine.serving.messages import StepMessage, TokenDelta
-from engine.serving.metrics import WINDOW_S, MetricsBus
+from engine.serving.replicas.messages import StepMessage, TokenDelta
+from engine.serving.telemetry.metrics import WINDOW_S, MetricsBus
 
 KEYS = ("expired_prefill_tokens", "ttft_max", "ttft_p999", "prefix_hit_rate")
 

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
-from engine.serving.defences import Defences
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.replica import ReplicaHandle, replica_pids
-from engine.serving.router import RouterConfig
+from engine.serving.replicas.replica import ReplicaHandle, replica_pids
+from engine.serving.routing.defences import Defences
+from engine.serving.routing.router import RouterConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 from tests.failure_traffic import (
     Outcome,
     Traffic,

@@ -17,7 +17,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import RequestTimes, Sequence
-from engine.serving.metrics import window_percentile
+from engine.serving.telemetry.metrics import window_percentile
 from tests.failure_traffic import prompt, ratio
 
 TRAFFIC_S = 4.0  # how long ordinary requests keep the waiting line full

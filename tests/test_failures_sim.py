@@ -12,9 +12,9 @@ import queue
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.messages import TokenDelta
-from engine.serving.router import RouterConfig
+from engine.serving.replicas.messages import TokenDelta
+from engine.serving.routing.router import RouterConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.run import SimSpec

@@ -8,9 +8,9 @@ import time
 
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.messages import TokenDelta
-from engine.serving.router import RouterConfig
+from engine.serving.replicas.messages import TokenDelta
+from engine.serving.routing.router import RouterConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 
 
 def test_snapshots_stream_and_drain_finishes_in_flight_work() -> None:

@@ -10,10 +10,10 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.serving.fleet import Fleet
-from engine.serving.fleet_config import FleetConfig
-from engine.serving.replica_api import ReplicaState
-from engine.serving.router import AdmissionError, RouterConfig
+from engine.serving.replicas.replica_api import ReplicaState
+from engine.serving.routing.router import AdmissionError, RouterConfig
+from engine.serving.scaling.fleet import Fleet
+from engine.serving.scaling.fleet_config import FleetConfig
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.runner import sim_executor

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
-from engine.serving import fleet as fleet_module
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.router import RouterConfig
+from engine.serving.routing.router import RouterConfig
+from engine.serving.scaling import fleet as fleet_module
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 from tests.waiting import wait_for
 
 

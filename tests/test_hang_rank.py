@@ -24,12 +24,12 @@ import pytest
 from app import build_lab, create_app
 from engine.distributed import process_state
 from engine.errors import InvalidParamError, ServingError
+from engine.lab.live.lab import LiveLab
+from engine.lab.live.rank_hang import StoppedRank
+from engine.lab.remote.remote_backend import RemoteConfig
+from engine.lab.remote.remote_lab import RemoteLab
 from engine.sampling_params import SamplingParams
-from engine.serving.lab import LiveLab
-from engine.serving.messages import RequestError, TokenDelta
-from engine.serving.rank_hang import StoppedRank
-from engine.serving.remote_backend import RemoteConfig
-from engine.serving.remote_lab import RemoteLab
+from engine.serving.replicas.messages import RequestError, TokenDelta
 from tests.server_process import free_port
 from tests.waiting import wait_for
 

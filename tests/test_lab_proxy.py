@@ -1,4 +1,4 @@
-"""The lab's proxy alone (engine/serving/proxy.py), in front of a small real HTTP server that
+"""The lab's proxy alone (engine/lab/proxy.py), in front of a small real HTTP server that
 streams a chunk every 0.2 s: flushed, the first chunk comes through long before the last;
 held, nothing comes until the upstream finishes; a silent upstream is cut at the idle timeout
 (504 before any byte); a client that hangs up makes the proxy hang up on the upstream."""
@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from engine.serving.proxy import IDLE_TIMEOUT_CODE, LabProxy, ProxySettings
+from engine.lab.proxy import IDLE_TIMEOUT_CODE, LabProxy, ProxySettings
 from tests.waiting import wait_for
 
 CHUNKS = 5

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from engine.errors import InvalidParamError
+from engine.lab.envelope import bottlenecks
+from engine.lab.simulated.lab_check import badge, check_sim, model_label
+from engine.lab.simulated.lab_sim import SimLab
 from engine.levers import LEVERS, validate_levers
-from engine.serving.envelope import bottlenecks
 from engine.sim.devices import DEVICE_NAMES
-from engine.sim.lab_check import badge, check_sim, model_label
-from engine.sim.lab_sim import SimLab
 from engine.sim.models import MODEL_NAMES
 
 DEFAULTS = {key: lever.default for key, lever in LEVERS.items()}

@@ -12,19 +12,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "web")
-ROOTS = {"app", "engine.__main__", "engine.serving.server", "engine.serving.remote_server"}  # composition roots
+# The composition roots join the floors and may import any: app.py, `python -m engine serve`, and
+# engine/launch/ (the servers those two start).
+ROOTS = {"app", "engine.__main__", "engine.launch", "engine.launch.api_server", "engine.launch.remote_server"}
 
-# Floors from the bottom: a module's floor is that of its longest matching prefix.
-LAB = ("engine.serving.lab", "engine.serving.lab_clients", "engine.serving.lab_facade", "engine.serving.remote_lab",
-       "engine.serving.remote_poller", "engine.serving.remote_levers", "engine.serving.remote_backend",
-       "engine.serving.remote_metrics", "engine.serving.remote_errors", "engine.serving.traffic", "engine.serving.proxy",
-       "engine.serving.envelope", "engine.serving.shape", "engine.serving.user_streams", "engine.serving.rank_hang",
-       "engine.sim.lab_sim", "engine.sim.lab_check", "engine.sim.predict")
+# Floors from the bottom, one folder each: a module's floor is that of its longest matching prefix.
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("engine",)),  # one replica: model, kernels, scheduler, runner, sampler, LLM; the lever table
-    ("serving", ("engine.serving",)),  # replicas, router and queue, fleet and autoscaler, telemetry, defences
+    ("serving", ("engine.serving",)),  # replicas, routing, scaling, telemetry, load: the stack, no teaching
     ("whatif", ("engine.sim",)),  # the simulator, on top of serving
-    ("lab", LAB),  # what a teaching session drives: live, simulated and remote labs, traffic, proxy, shape
+    ("lab", ("engine.lab",)),  # what a teaching session drives: live, simulated and remote labs behind one facade
     ("web", ("web",)),
 ]
 ORDER = [name for name, _ in FLOORS]
@@ -60,7 +57,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         else:
             continue
         for target in targets:
-            while target and target not in known:  # `import engine.serving.fleet as x` names its module
+            while target and target not in known:  # `import engine.serving.scaling.fleet as x` names its module
                 target = target.rpartition(".")[0]
             if target and target != name:
                 out.add(target)
@@ -178,6 +175,6 @@ def test_the_checks_fail_on_a_cycle_and_an_upward_import() -> None:
     edges = graph()
     edges["engine.scheduler"] = edges["engine.scheduler"] | {"engine.llm_engine"}
     edges["engine.llm_engine"] = edges["engine.llm_engine"] | {"engine.scheduler"}
-    edges["engine.serving.router"] = edges["engine.serving.router"] | {"web.live"}
+    edges["engine.serving.routing.router"] = edges["engine.serving.routing.router"] | {"web.live"}
     assert any({"engine.llm_engine", "engine.scheduler"} <= set(c) for c in cycles(edges))
-    assert "engine.serving.router (serving) -> web.live (web)" in upward(edges)
+    assert "engine.serving.routing.router (serving) -> web.live (web)" in upward(edges)

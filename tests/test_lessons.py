@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import InvalidParamError
+from engine.lab.live_limits import check_live
 from engine.levers import LEVERS, validate_levers
-from engine.serving.live_limits import check_live
 from web.evolution import EVOLUTION
 from web.failures import check_table, failures_for_step
 from web.lessons import LESSONS_DIR, LessonLibrary, main, parse_lesson

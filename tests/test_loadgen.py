@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import pytest
 
 from engine.config import EngineConfig
-from engine.serving.loadgen import (
+from engine.serving.load.loadgen import (
     HttpTarget,
     LoadRequest,
     RouterTarget,
@@ -22,9 +22,9 @@ from engine.serving.loadgen import (
     make_requests,
     run_load,
 )
-from engine.serving.loadgen_metrics import RequestRecord, percentile, summarize
-from engine.serving.replica import ReplicaHandle
-from engine.serving.router import Router, RouterConfig
+from engine.serving.load.loadgen_metrics import RequestRecord, percentile, summarize
+from engine.serving.replicas.replica import ReplicaHandle
+from engine.serving.routing.router import Router, RouterConfig
 
 # arrivals and shapes ----------------------------------------------------------------------------
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from engine.clock import VirtualClock
 from engine.sequence import RequestTimes
-from engine.serving.messages import StepMessage, TokenDelta
-from engine.serving.metrics import MetricsBus
+from engine.serving.replicas.messages import StepMessage, TokenDelta
+from engine.serving.telemetry.metrics import MetricsBus
 
 
 def delta(

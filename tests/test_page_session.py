@@ -8,7 +8,7 @@ import pytest
 from flask import Flask, Response, request
 
 from engine.errors import ServingError
-from engine.serving.router import Router, RouterConfig
+from engine.serving.routing.router import Router, RouterConfig
 from web.page_session import COOKIE, HEADER, PageSessions
 
 

@@ -18,11 +18,11 @@ from flask import Response, request
 import app as app_module
 from engine.clock import VirtualClock
 from engine.errors import InvalidParamError
-from engine.serving.events import EventLog
-from engine.serving.remote_backend import RemoteConfig, probe
-from engine.serving.remote_errors import RemoteErrors
-from engine.serving.remote_lab import RemoteLab
-from engine.serving.remote_levers import REMOTE_LEVERS
+from engine.lab.remote.remote_backend import RemoteConfig, probe
+from engine.lab.remote.remote_errors import RemoteErrors
+from engine.lab.remote.remote_lab import RemoteLab
+from engine.lab.remote.remote_levers import REMOTE_LEVERS
+from engine.serving.telemetry.events import EventLog
 from tests.server_process import free_port
 from web.page_session import COOKIE, HEADER, PageSessions
 from web.remote_api import create_remote_api_app

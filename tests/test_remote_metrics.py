@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.serving.prometheus_text import PrometheusParseError, histogram_quantile, parse
-from engine.serving.remote_metrics import RemoteWindow, detect_flavour, read_exposition
+from engine.lab.remote.remote_metrics import RemoteWindow, detect_flavour, read_exposition
+from engine.serving.telemetry.prometheus_text import PrometheusParseError, histogram_quantile, parse
 
 FIXTURES = Path(__file__).parent / "reference" / "remote_metrics"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.serving.proxy import LabProxy, ProxySettings
+from engine.lab.proxy import LabProxy, ProxySettings
 
 CHUNKS = 30
 

@@ -13,8 +13,8 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.serving.messages import AddRequest, RequestError, TokenDelta
-from engine.serving.replica import ReplicaHandle
+from engine.serving.replicas.messages import AddRequest, RequestError, TokenDelta
+from engine.serving.replicas.replica import ReplicaHandle
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 PROMPTS = ["The days of the week are Monday, Tuesday,", "def square(x):\n    return"]

@@ -10,10 +10,10 @@ import pytest
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
-from engine.serving.messages import RequestError
-from engine.serving.metrics import MetricsBus
-from engine.serving.replica import ReplicaHandle
-from engine.serving.router import AdmissionError, Router, RouterConfig
+from engine.serving.replicas.messages import RequestError
+from engine.serving.replicas.replica import ReplicaHandle
+from engine.serving.routing.router import AdmissionError, Router, RouterConfig
+from engine.serving.telemetry.metrics import MetricsBus
 
 SHORT = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
@@ -108,7 +108,7 @@ def test_cheap_refusals_come_before_the_queue() -> None:
 def test_rate_limit_refusals_carry_jittered_retry_after(jitter: bool) -> None:
     """A rate-limited key's 429s: Retry-After is never shorter than the bucket's wait, and with
     retry_jitter on it varies (the refused spread out); off, it is the wait itself, every time."""
-    from engine.serving.defences import Defences
+    from engine.serving.routing.defences import Defences
 
     clock = VirtualClock()
     router = Router([], RouterConfig(rate_limit=0.25), clock, defences=Defences(retry_jitter=jitter))

@@ -15,11 +15,11 @@ import pytest
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.messages import RequestError
-from engine.serving.replica import ReplicaHandle
-from engine.serving.replica_api import ReplicaState
-from engine.serving.router import RouterConfig
+from engine.serving.replicas.messages import RequestError
+from engine.serving.replicas.replica import ReplicaHandle
+from engine.serving.replicas.replica_api import ReplicaState
+from engine.serving.routing.router import RouterConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.sim.deployment import Deployment
 from engine.sim.devices import get_device
 from engine.sim.loop import EventLoop

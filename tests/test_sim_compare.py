@@ -1,4 +1,4 @@
-"""A/B and predict-then-run (engine/sim/compare.py, engine/sim/predict.py): both sides replay
+"""A/B and predict-then-run (engine/sim/compare.py, engine/lab/simulated/predict.py): both sides replay
 one request list, the table is the runs' own summaries, the cost is GPU-hours times the user's
 price, a side's command reproduces it through the CLI, and bad sides are refused by name."""
 
@@ -10,6 +10,7 @@ import math
 import pytest
 
 from engine.errors import InvalidParamError
+from engine.lab.simulated.predict import live_spec, predict, windowed_tokens_per_s
 from engine.levers import LEVERS
 from engine.sim.compare import (
     as_cli_spec,
@@ -20,7 +21,6 @@ from engine.sim.compare import (
     spec_from_command,
     workload_digest,
 )
-from engine.sim.predict import live_spec, predict, windowed_tokens_per_s
 from engine.sim.presets import PRESETS
 from engine.sim.run import SimSpec, simulate
 from engine.sim.workload import Burst

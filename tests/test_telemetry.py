@@ -13,16 +13,16 @@ import pytest
 
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
+from engine.lab.live.lab import LiveLab
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.lab import LiveLab
-from engine.serving.loadgen import HttpTarget, arrival_times, make_requests, run_load
-from engine.serving.messages import StepMessage
-from engine.serving.metrics import MetricsBus
-from engine.serving.replica import _delta
-from engine.serving.request_queue import QueuedRequest, RequestQueue
-from engine.serving.router import RouterConfig
+from engine.serving.load.loadgen import HttpTarget, arrival_times, make_requests, run_load
+from engine.serving.replicas.messages import StepMessage
+from engine.serving.replicas.replica import _delta
+from engine.serving.routing.request_queue import QueuedRequest, RequestQueue
+from engine.serving.routing.router import RouterConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
+from engine.serving.telemetry.metrics import MetricsBus
 from tests.server_process import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"

@@ -17,8 +17,8 @@ from engine.distributed import process_state
 from engine.errors import InvalidParamError
 from engine.model.llama import Llama, LlamaConfig
 from engine.model.sharding import shard_model, split_evenly
-from engine.serving.messages import AddRequest, RequestError, TokenDelta
-from engine.serving.replica import ReplicaHandle
+from engine.serving.replicas.messages import AddRequest, RequestError, TokenDelta
+from engine.serving.replicas.replica import ReplicaHandle
 from tests.test_hf_equivalence import check
 from tests.test_replica import collect, wait_for
 

@@ -1,4 +1,4 @@
-"""Request traces (engine/serving/traces.py) and step records (engine/step_record.py): the real
+"""Request traces (engine/serving/telemetry/traces.py) and step records (engine/step_record.py): the real
 Fleet, Router, Scheduler and BlockManager on a VirtualClock (simulated replicas), and one real
 engine step of the live model."""
 
@@ -12,9 +12,9 @@ from engine.clock import VirtualClock
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.router import AdmissionError, RouterConfig
-from engine.serving.traces import ENDED, Outcome, RequestTraces
+from engine.serving.routing.router import AdmissionError, RouterConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
+from engine.serving.telemetry.traces import ENDED, Outcome, RequestTraces
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.run import SimSpec

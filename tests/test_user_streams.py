@@ -9,7 +9,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
-from engine.serving.user_streams import UserStreams, user_of
+from engine.lab.remote.user_streams import UserStreams, user_of
 
 
 class SlowStream(BaseHTTPRequestHandler):

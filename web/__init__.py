@@ -11,7 +11,7 @@ from flask import Flask
 from web.openai_api import DEFAULT_PING_S, MAX_BODY_BYTES, api
 
 if TYPE_CHECKING:  # the fleet (and torch, in its replicas) is the composition root's to import
-    from engine.serving.fleet import Fleet
+    from engine.serving.scaling.fleet import Fleet
 
 
 def create_api_app(fleet: Fleet, sse_ping_s: float = DEFAULT_PING_S, stream_flush: bool = True) -> Flask:

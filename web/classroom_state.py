@@ -15,8 +15,8 @@ from enum import Enum
 from typing import Any
 
 from engine.errors import InvalidParamError, ServingError
+from engine.lab.live_limits import FLOOD_MAX_RATE, LIVE_MAX
 from engine.levers import LEVERS
-from engine.serving.live_limits import FLOOD_MAX_RATE, LIVE_MAX
 
 NAME_MAX = 40  # characters of a student's name
 PROMPT_MAX_CHARS = 2000  # the student page's prompt box (the API's own limits apply beyond)

@@ -2,12 +2,12 @@
 
 Server -> browser: `metrics` (a snapshot SNAPSHOT_HZ times a second, with the lab's status,
 bottleneck readings, recommended shape and levers), `event` (one per discrete event), `trace`
-(each tick: the request-trace rows that changed and the new engine steps, engine/serving/traces.py;
+(each tick: the request-trace rows that changed and the new engine steps, engine/serving/telemetry/traces.py;
 the whole window, `full: true`, on connect and when the executor switches), `hello`
 (on connect: the live state and this browser's role). Both come from the executor the lab runs:
 in simulated mode the simulated fleet's, times in simulated seconds, each marked (`executor`,
 `badge`; an event's `sim`). Browser -> server: `set_levers`, `flood`, `scenario`, `hang_rank`
-({"action": "stop" | "resume"}: the failure gallery's stopped rank, engine/serving/rank_hang.py),
+({"action": "stop" | "resume"}: the failure gallery's stopped rank, engine/lab/live/rank_hang.py),
 each answered through the acknowledgement callback with {ok, ...} or {ok: false, error}.
 
 When SERVELAB_INSTRUCTOR_TOKEN is set, only a connection that presents it (auth.token) may
@@ -27,7 +27,7 @@ from flask import request
 from flask_socketio import SocketIO
 
 from engine.errors import InvalidParamError, ServingError
-from engine.serving.lab_facade import LabFacade
+from engine.lab.facade import LabFacade
 from web.evolution import EVOLUTION
 from web.lessons import LessonLibrary
 

@@ -24,13 +24,13 @@ from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from engine.errors import ServingError
-from engine.serving.messages import RequestError
+from engine.serving.replicas.messages import RequestError
 from web.openai_protocol import Choice, Reply, parse_request, server_timing
 from web.openai_request import ParsedRequest
 from web.page_session import PageSessions
 
 if TYPE_CHECKING:  # the fleet (and torch, in its replicas) is the composition root's to import
-    from engine.serving.fleet import Fleet
+    from engine.serving.scaling.fleet import Fleet
 
 log = logging.getLogger("servelab.api")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.model.tokenizer import ChatTokenizer
 from engine.sequence import FinishReason, RequestTimes, TokenLogprobs
-from engine.serving.messages import TokenDelta
+from engine.serving.replicas.messages import TokenDelta
 from web.openai_request import ParsedRequest, parse_request
 
 __all__ = ["Choice", "Reply", "parse_request", "server_timing"]

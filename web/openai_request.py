@@ -17,7 +17,7 @@ from typing import Any
 
 from engine.errors import InvalidParamError, ServingError
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
-from engine.serving.traces import MAX_USER_LENGTH
+from engine.serving.telemetry.traces import MAX_USER_LENGTH
 
 log = logging.getLogger("servelab.api")
 

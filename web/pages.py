@@ -9,9 +9,9 @@ from pathlib import Path
 from flask import Blueprint, Response, abort, current_app, render_template, send_file
 
 from engine.errors import ServingError
+from engine.lab.facade import LabFacade
+from engine.lab.shape import TRADEOFFS
 from engine.levers import LEVERS
-from engine.serving.lab_facade import LabFacade
-from engine.serving.shape import TRADEOFFS
 from web.diagram import diagram
 from web.evolution import EVOLUTION
 from web.failures import FAILURES

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The snapshot keys a prediction may watch (engine/serving/metrics.py's snapshot, the lab's
+# The snapshot keys a prediction may watch (engine/serving/telemetry/metrics.py's snapshot, the lab's
 # additions), with the words a page shows beside the values.
 PREDICT_METRICS = {
     "ttft_p50": "TTFT p50 (s)",

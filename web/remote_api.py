@@ -5,7 +5,7 @@ POST /v1/completions and /v1/chat/completions go to the remote as they came, wit
 API key in place of the browser's (none); the remote's status, Retry-After and error body come
 back as they are, and a stream is relayed chunk by chunk. An error the remote gives (or a
 remote that cannot be reached: 502, an OpenAI-style error naming it) also goes to the event
-timeline, rate-limited (engine/serving/remote_errors.py). GET /v1/models passes through too;
+timeline, rate-limited (engine/lab/remote/remote_errors.py). GET /v1/models passes through too;
 /health and /ready answer for the lab (it stays usable while the remote is down, and says so in
 /ready's body); /metrics is the lab's clients' counters (the remote's own are at its URL)."""
 
@@ -21,9 +21,9 @@ from flask import Blueprint, Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from engine.errors import ServingError
-from engine.serving.remote_backend import auth_headers, connection
-from engine.serving.remote_lab import RemoteLab
-from engine.serving.user_streams import user_of
+from engine.lab.remote.remote_backend import auth_headers, connection
+from engine.lab.remote.remote_lab import RemoteLab
+from engine.lab.remote.user_streams import user_of
 from web.openai_api import MAX_BODY_BYTES, error_response, request_credential
 from web.page_session import PageSessions
 

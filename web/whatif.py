@@ -23,6 +23,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 
 from engine.errors import InvalidParamError, ServingError
+from engine.lab.simulated.predict import predict
 from engine.sim.compare import (
     DEFAULT_SIDE,
     DEFAULT_TRAFFIC,
@@ -32,7 +33,6 @@ from engine.sim.compare import (
     parse_experiment,
     run_experiment,
 )
-from engine.sim.predict import predict
 from engine.sim.presets import PRESETS
 from web.openai_api import error_response
 from web.whatif_worker import WhatIfWorker

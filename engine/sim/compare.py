@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS
-from engine.serving.replica_api import ENDED
+from engine.serving.replicas.replica_api import ENDED
 from engine.sim.deployment import KV_DTYPES, WEIGHT_DTYPES, SimConfigError
 from engine.sim.devices import DEVICE_NAMES
 from engine.sim.models import MODEL_NAMES

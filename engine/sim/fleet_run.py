@@ -15,10 +15,10 @@ from engine.clock import stopwatch
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.serving.autoscaler import Autoscaler, AutoscalerConfig
-from engine.serving.fleet import Fleet, FleetConfig
-from engine.serving.replica_api import ReplicaState
-from engine.serving.router import AdmissionError, RouterConfig
+from engine.serving.replicas.replica_api import ReplicaState
+from engine.serving.routing.router import AdmissionError, RouterConfig
+from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig
+from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, replica_figures, summarize, take_errors

@@ -19,11 +19,10 @@ from typing import Any
 
 from engine.errors import InvalidParamError
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerOutput
 from engine.sequence import FinishReason, Sequence
-from engine.serving.messages import AddRequest, RequestError, StepMessage, TokenDelta, expired_error
-from engine.serving.replica_api import ENDED, ReplicaState, ReplicaStats
+from engine.serving.replicas.messages import AddRequest, RequestError, StepMessage, TokenDelta, expired_error
+from engine.serving.replicas.replica_api import ENDED, ReplicaState, ReplicaStats
 from engine.sim.loop import EventLoop
 from engine.sim.runner import CostModelRunner
 
@@ -217,7 +216,7 @@ class SimReplica:
             "kv_total_blocks": st.kv_total_blocks, "max_num_seqs": st.max_num_seqs,
             "num_preemptions": st.num_preemptions, "batch_size": batch_size,
             "allreduce_ms_per_step": self.runner.last_cost.allreduce_s * 1000,
-            # The running totals the failure gallery reads (engine/serving/metrics.py COUNTERS).
+            # The running totals the failure gallery reads (engine/serving/telemetry/metrics.py COUNTERS).
             "prefix_cache_queries": self.engine.kv.prefix_queries, "prefix_cache_hits": self.engine.kv.prefix_hits,
             "num_expired": self.engine.scheduler.num_expired,
             "expired_prefill_tokens": self.engine.scheduler.expired_prefill_tokens,

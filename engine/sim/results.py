@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from engine.sequence import FinishReason, Sequence
-from engine.serving.messages import RequestError
+from engine.serving.replicas.messages import RequestError
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 

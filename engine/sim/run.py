@@ -11,8 +11,8 @@ from typing import Any
 from engine.clock import stopwatch
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
-from engine.serving.events import EventLog
-from engine.serving.router import AdmissionError, Router, RouterConfig
+from engine.serving.routing.router import AdmissionError, Router, RouterConfig
+from engine.serving.telemetry.events import EventLog
 from engine.sim import constants as C
 from engine.sim.fleet_run import simulate_fleet
 from engine.sim.loop import EventLoop

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from engine.clock import Clock
-from engine.serving.metrics import WINDOW_S
-from engine.serving.router import Router
+from engine.serving.routing.router import Router
+from engine.serving.telemetry.metrics import WINDOW_S
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder
 

@@ -7,7 +7,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.serving.loadgen import arrival_times, draw_length
+from engine.serving.load.loadgen import arrival_times, draw_length
 
 
 @dataclass

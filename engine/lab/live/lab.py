@@ -1,0 +1,396 @@
+"""The live lab: the levers' current values over one running fleet, and what moving one does.
+
+A change reaches the engine the cheapest way it can (engine/levers.py says which): the traffic
+generator reads load levers on its next arrival; the router takes queue levers in place; the
+replicas take batch levers in place from their next step; the autoscaler takes its bounds and
+pool; and the rest rebuild the replicas in the background (old ones drain, so nothing running
+is cut), with the status visible.
+
+How many replicas serve: the autoscaler keeps it within [min_replicas, max_replicas], and
+gpu_count is the device budget, so at most gpu_count // tensor_parallel replicas ever run.
+
+The lever `executor` switches the whole lab, for every browser, like any other lever: "sim"
+starts one simulated fleet (engine/lab/simulated/lab_sim.py) from the live levers plus the simulator's
+own (device, dtypes, pools, speed) and whatever the same change sets, checked by the simulator
+first (a configuration it cannot run is refused with its reason, and nothing changes); the live
+flood stops, and the live fleet stays up, idle, for the API. The stream then carries the
+simulated fleet's snapshots and events through the same contract. "live" stops the simulated
+fleet (its pacer thread ends: nothing simulated runs behind the page) and returns to the live
+levers as they were. Only one simulated fleet ever runs; a change to its deployment (model,
+device, GPUs, TP, dtypes, pools, paged, block size) replaces it, starting at simulated time 0."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from engine.config import IN_PLACE_FIELDS, EngineConfig
+from engine.errors import InvalidParamError, ServingError
+from engine.lab.envelope import MB, bottlenecks, envelope
+from engine.lab.live.lab_clients import simulated_client_fields
+from engine.lab.live.rank_hang import RankHang
+from engine.lab.live_limits import check_live, check_ramp, live_devices, replica_bounds
+from engine.lab.shape import shape_for
+from engine.lab.simulated.lab_check import check_sim, model_label
+from engine.lab.simulated.lab_sim import SimLab
+from engine.lab.traffic import TrafficDriver
+from engine.levers import LEVERS, validate_levers
+from engine.serving.replicas.replica_api import SERVING
+from engine.serving.routing.defences import Defences
+from engine.serving.scaling.autoscaler import LEVERS as AUTOSCALER_LEVERS
+from engine.serving.scaling.autoscaler import TARGET_LEVERS, Autoscaler, AutoscalerConfig
+from engine.serving.scaling.fleet import Fleet
+from engine.serving.telemetry.events import EventLog
+from engine.serving.telemetry.traces import RequestTraces
+
+log = logging.getLogger("servelab.lab")
+
+ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
+DEFENCES = Defences.names()  # the serving layer's guards: fleet.defences takes them in place
+ENGINE_IN_PLACE = tuple(key for key in LEVERS if key in IN_PLACE_FIELDS)
+REBUILD_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.apply == "rebuild")
+SIM_ONLY = tuple(key for key, lever in LEVERS.items() if lever.apply == "sim")  # the live engine ignores them
+# Levers that are EngineConfig fields too; `model` and `device` are not: the levers name a
+# simulator's model and GPU, the fields a path and a torch device.
+ENGINE_LEVERS = tuple(key for key in LEVERS if key in EngineConfig.field_names() and key not in ("model", "device"))
+
+
+def engine_fields(levers: dict[str, Any]) -> dict[str, Any]:
+    """The EngineConfig fields these lever values set."""
+    return {key: levers[key] for key in ENGINE_LEVERS}
+
+
+class LiveLab:
+    def __init__(self, fleet: Fleet, levers: dict[str, Any] | None = None) -> None:
+        self.fleet = fleet
+        self.levers = {key: lever.default for key, lever in LEVERS.items()} | (levers or {})
+        self.devices = live_devices(fleet.engine_config.device)
+        check_live(self.levers, self.levers, self.devices, fleet.engine_config.device)
+        self.levers["executor"] = "live"  # the lab starts live; `executor` switches it (set_levers)
+        fleet.defences.update(**{key: self.levers[key] for key in DEFENCES})  # the levers' one source
+        self.sim_levers = dict(self.levers)  # the simulated fleet's, kept across switches
+        self.sim: SimLab | None = None
+        self.run = 0  # which fleet the stream shows: a new one per switch or simulated rebuild
+        self._subscribers: list[Callable[[dict[str, Any]], None]] = []
+        fleet.subscribe(self._live_snapshot)
+        self.status = "starting"
+        self._lock = threading.RLock()
+        api_key = (fleet.router.config.api_keys or [None])[0]  # flood traffic passes the key check
+        self.traffic = TrafficDriver(fleet.router, lambda: self.levers, api_key=api_key or "flood")
+        self.autoscaler = Autoscaler(fleet, AutoscalerConfig.from_levers(self._scaling()))
+        self.autoscaler.start()
+        self.hangs = RankHang(lambda: fleet.replicas, fleet.events)  # the failure gallery's stopped rank
+        threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
+
+    @property
+    def events(self) -> EventLog:
+        """The event log the stream reads: the simulated fleet's while it runs."""
+        sim = self.sim
+        return self.fleet.events if sim is None else sim.events
+
+    @property
+    def traces(self) -> RequestTraces:
+        """The request traces the stream reads: the simulated fleet's while it runs."""
+        sim = self.sim
+        return self.fleet.traces if sim is None else sim.fleet.traces
+
+    @property
+    def executor(self) -> str:
+        return "live" if self.sim is None else "sim"
+
+    @property
+    def current_levers(self) -> dict[str, Any]:
+        return self.levers if self.sim is None else self.sim_levers
+
+    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+        """callback(snapshot) for the stream: the live fleet's, or the simulated fleet's while it runs."""
+        self._subscribers.append(callback)
+
+    def _live_snapshot(self, snap: dict[str, Any]) -> None:
+        if self.sim is None:
+            for callback in list(self._subscribers):
+                callback(snap)
+
+    def _sim_snapshot(self, sim: SimLab, snap: dict[str, Any]) -> None:
+        if self.sim is sim:  # a replaced or stopped fleet's last tick goes nowhere
+            for callback in list(self._subscribers):
+                callback(snap)
+
+    # levers -------------------------------------------------------------------------------------
+
+    def set_levers(self, changes: dict[str, Any], source: str = "lab") -> dict[str, Any]:
+        """Validate, then apply; returns what changed and how. A bad value raises
+        InvalidParamError naming the lever, and nothing is applied."""
+        clean = validate_levers(changes)
+        with self._lock:
+            if clean.get("executor", self.executor) == "sim":
+                return self._set_sim(clean, source)
+            if self.sim is not None:  # back to the live engine: nothing simulated runs after this
+                self.sim.stop()
+                self.sim, self.run = None, self.run + 1
+                self.events.emit("config", f"{source}: executor=live (the simulated fleet stopped)", levers={"executor": "live"})
+            clean.pop("executor", None)
+            for key in SIM_ONLY:  # kept for the simulated fleet; the live engine has no use for them
+                if key in clean:
+                    self.sim_levers[key] = self.levers[key] = clean.pop(key)
+            merged = self.levers | clean
+            check_live(clean, merged, self.devices, self.fleet.engine_config.device)
+            changed = {k: v for k, v in clean.items() if self.levers[k] != v}
+            rebuild = [k for k in changed if k in REBUILD_LEVERS]
+            if rebuild and self.status == "rebuilding":
+                raise ServingError(
+                    409, "the replicas are still being rebuilt; try again when they are ready", rebuild[0], "busy"
+                )
+            self.levers = merged
+            router = {k: changed[k] for k in ROUTER_LEVERS if k in changed}
+            if router:
+                self.fleet.router.reconfigure(**router)
+            defences = {k: changed[k] for k in DEFENCES if k in changed}
+            if defences:
+                self.fleet.defences.update(**defences)
+                if defences.get("cancel_on_disconnect"):
+                    self._cancel_orphans()
+            in_place = {k: changed[k] for k in ENGINE_IN_PLACE if k in changed}
+            if in_place:
+                self.fleet.reconfigure(**in_place)
+            if any(k in changed for k in (*AUTOSCALER_LEVERS, *TARGET_LEVERS, "gpu_count", "tensor_parallel")):
+                self.autoscaler.reconfigure(**self._scaling())
+            if rebuild:
+                self._rebuild()
+        if changed:
+            text = ", ".join(f"{k}={v}" for k, v in changed.items())
+            how = "rebuilding replicas" if rebuild else "applied in place"
+            self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
+        return {"changed": changed, "rebuild": bool(rebuild), "levers": dict(self.levers)}
+
+    def _cancel_orphans(self) -> None:
+        """cancel_on_disconnect back on: the requests left running for clients already gone
+        are cancelled now, so the damage stops with the defence (and their KV is freed)."""
+        router, bus = self.fleet.router, self.fleet.bus
+        for request_id in bus.gone_requests():
+            queued = request_id in router.queue  # no replica will report its end
+            router.abort(request_id)
+            if queued:
+                bus.forget_gone(request_id)
+
+    def _set_sim(self, clean: dict[str, Any], source: str) -> dict[str, Any]:
+        """The simulated fleet: entered (from the live levers plus the simulator's own), changed in
+        place, or replaced when its deployment changes. The simulator checks first."""
+        entering = self.sim is None
+        base = (self.levers | {k: self.sim_levers[k] for k in SIM_ONLY}) if entering else self.sim_levers
+        merged = base | clean | {"executor": "sim"}
+        check_sim(merged, clean)  # InvalidParamError with the simulator's reason: nothing changes
+        changed = {k: v for k, v in clean.items() if base.get(k) != v}
+        old = self.sim
+        rebuild = entering or old.needs_rebuild(changed)  # type: ignore[union-attr]
+        if rebuild:
+            sim = SimLab(merged, lambda snap: self._sim_snapshot(sim, snap))
+            if entering:
+                self.traffic.stop()  # the live flood ends: one fleet has traffic at a time
+                self.hangs.release("the lab switched to the simulated executor")
+            if old is None or old.sending:
+                sim.start_traffic()  # a simulated fleet is there to be watched under load
+            if old is not None:
+                old.stop()
+            self.sim, self.run = sim, self.run + 1
+            sim.start()
+        else:
+            old.apply(changed)  # type: ignore[union-attr]
+        self.sim_levers = merged
+        if changed:
+            text = ", ".join(f"{k}={v}" for k, v in changed.items())
+            how = "a new simulated fleet" if rebuild else "applied in place"
+            self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
+        return {"changed": changed, "rebuild": False, "levers": dict(merged)}
+
+    def _rebuild(self) -> None:
+        self.hangs.release("the replicas are rebuilt (a stopped rank would hold its group's drain)")
+        self.status = "rebuilding"
+        fewest, most = replica_bounds(self.levers)
+        serving = sum(r.state in SERVING for r in self.fleet.replicas)
+        self.fleet.rebuild(
+            self.fleet.engine_config.replace(**engine_fields(self.levers)), min(max(serving, fewest), most)
+        )
+        threading.Thread(target=self._await_ready, name="lab-ready", daemon=True).start()
+
+    def _scaling(self) -> dict[str, Any]:
+        """The autoscaler's settings: its levers and targets, with the bounds of replica_bounds."""
+        fewest, most = replica_bounds(self.levers)
+        keys = (*AUTOSCALER_LEVERS, *TARGET_LEVERS)
+        return {key: self.levers[key] for key in keys} | {"min_replicas": fewest, "max_replicas": most}
+
+    def _await_ready(self) -> None:
+        ok = self.fleet.wait_serving()
+        self.status = "serving" if ok else "failed"
+        if ok:
+            self.events.emit("replica", "a replica is ready")
+        elif self.fleet.unservable is None:  # an unservable fleet has said why already
+            self.events.emit("replica", "no replica ready yet")
+
+    # traffic ------------------------------------------------------------------------------------
+
+    def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> dict[str, Any]:
+        """start: send at request_rate; ramp: climb linearly to ramp_to over ramp_s; stop."""
+        sim = self.sim
+        if sim is not None:
+            return self._sim_flood(sim, action, ramp_to, ramp_s)
+        if action == "stop":
+            self.traffic.stop()
+            self.events.emit("flood", "traffic stopped")
+        elif action in ("start", "ramp"):
+            if action == "ramp":
+                check_ramp(ramp_to, ramp_s)
+            self.traffic.start(ramp_to if action == "ramp" else None, float(ramp_s))
+            what = (
+                f"ramping to {ramp_to:g} req/s over {ramp_s:g} s"
+                if action == "ramp"
+                else (f"sending {self.levers['request_rate']:g} req/s")
+            )
+            self.events.emit("flood", f"traffic on: {what}")
+        else:
+            raise InvalidParamError("action", "must be start, ramp or stop")
+        return self.traffic_state()
+
+    def _sim_flood(self, sim: SimLab, action: str, ramp_to: float | None, ramp_s: float) -> dict[str, Any]:
+        """The same controls on the simulated fleet's arrivals (rates up to the lever's range)."""
+        top = float(LEVERS["request_rate"].maximum or 0)
+        if action == "stop":
+            sim.stop_traffic()
+            self.events.emit("flood", "simulated traffic stopped")
+        elif action in ("start", "ramp"):
+            if action == "ramp" and (
+                not isinstance(ramp_to, (int, float)) or isinstance(ramp_to, bool) or not 0 < ramp_to <= top
+            ):
+                raise InvalidParamError("to", f"the ramp's target rate must be in (0, {top:g}] req/s")
+            if action == "ramp" and (not isinstance(ramp_s, (int, float)) or not 0 <= ramp_s <= 3600):
+                raise InvalidParamError("over_s", "the ramp's duration must be in [0, 3600] s")
+            sim.start_traffic(float(ramp_to) if action == "ramp" else None, float(ramp_s))  # type: ignore[arg-type]
+            self.events.emit("flood", f"simulated traffic on ({action})")
+        else:
+            raise InvalidParamError("action", "must be start, ramp or stop")
+        return self.traffic_state()
+
+    def hang_rank(self, action: str) -> dict[str, Any]:
+        """The collective_timeout row: "stop" SIGSTOPs rank 1 of a ready tensor-parallel replica,
+        "resume" SIGCONTs it (engine/lab/live/rank_hang.py). Simulated, there is no process to stop."""
+        with self._lock:
+            if self.sim is not None and action in ("stop", "resume"):
+                raise ServingError(
+                    409, "the simulated executor has no rank processes to stop: switch executor to live", "executor"
+                )
+            return self.hangs.act(action, traffic_on=self.traffic.running)
+
+    def traffic_state(self) -> dict[str, Any]:
+        if self.sim is not None:
+            return self.sim.traffic_state()
+        return {
+            "running": self.traffic.running,
+            "rate": round(self.traffic.current_rate(), 2),
+            "sent": self.traffic.sent,
+            "refused": self.traffic.refused,
+        }
+
+    # what the pages and the live stream show ----------------------------------------------------
+
+    def facts(self) -> dict[str, Any]:
+        """What the first reporting replica measured about itself (weights, KV, bandwidth)."""
+        for replica in list(self.fleet.replicas):
+            if replica.stats is not None and replica.stats.facts.get("param_bytes"):
+                return replica.stats.facts
+        return {}
+
+    def live_state(self) -> dict[str, Any]:
+        config = self.fleet.engine_config
+        sim = self.sim
+        plan = self.fleet.engine_plan
+        state = {
+            "model": self.fleet.model_name,
+            "device": config.device,
+            "dtype": plan.dtype if plan is not None else config.dtype,
+            # what the engine runs on this machine and why; why it cannot, when it cannot
+            "engine": plan.to_json() if plan is not None else None,
+            "problem": self.fleet.unservable,
+            "devices": self.devices,
+            "status": self.status,
+            "levers": dict(self.current_levers),
+            "envelope": envelope(self.levers, self.facts()),
+            "traffic": self.traffic_state(),
+            "executor": self.executor,
+            "run": self.run,
+            "badge": None,
+            "sim": None,
+        }
+        if sim is not None:
+            levers = self.sim_levers
+            state |= {
+                "model": model_label(str(levers["model"])),
+                "device": f"{str(levers['device']).upper()} x {levers['gpu_count']}",
+                "dtype": f"{levers['weight_dtype']} (KV {levers['kv_dtype']})",
+                "status": "simulating",
+                "envelope": envelope(levers, sim.facts()),
+                "badge": sim.state()["badge"],
+                "sim": sim.state(),
+            }
+        # What runs behind the page, read off the process: simulation pacers alive, live flood on.
+        pacers = sum(t.name == "sim-pacer" for t in threading.enumerate())
+        state["running"] = {"sim_pacers": pacers, "live_traffic": self.traffic.running}
+        return state
+
+    def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """A metrics snapshot plus the lab's view of it (status, levers, traffic: `lab`), for the
+        live stream. The server's latencies sit beside the lab's clients' (`client_*`): the same
+        figures measured at the receiving end of the stream. Simulated: times are simulated
+        seconds, and the snapshot says so (`executor`, `badge`, `sim_time_s`)."""
+        sim = self.sim
+        levers = self.current_levers
+        if sim is None:
+            facts = self.facts()
+            extra = self.traffic.clients.view().fields() | {"autoscaler": self.autoscaler.status()}
+            extra |= self.traffic.fields()
+            readings = bottlenecks(levers, facts, snap)
+            memory = int(self.fleet.engine_config.memory_cap_mb * MB)
+            total = int(facts.get("param_bytes", 0)) * int(levers["tensor_parallel"])
+            fits = 1 if total <= memory * int(levers["tensor_parallel"]) else None
+            device = "GPU" if self.fleet.engine_config.device.startswith("cuda") else "CPU core"
+        else:
+            facts = sim.facts()
+            extra = {"autoscaler": None if sim.autoscaler is None else sim.autoscaler.status(), "sim_time_s": snap["time"]}
+            extra |= simulated_client_fields(sim.traffic_state())
+            readings = bottlenecks(levers, facts, snap)
+            memory, total, fits = int(facts["device_memory_gb"] * 1e9), facts["weight_bytes_total"], sim.min_tp
+            device = str(levers["device"]).upper()
+        shape = shape_for(levers, facts, snap, readings, device, memory, total, fits, simulated=sim is not None)
+        lab = self.live_state()
+        return snap | extra | {
+            "bottlenecks": readings,
+            "ttft_target_ms": levers["ttft_target_ms"],
+            "executor": lab["executor"],
+            "badge": lab["badge"],
+            "run": lab["run"],
+            "shape": shape.view(),
+            "lab": lab,
+        }
+
+    def connect(self, server_url: str) -> None:
+        """The lab's clients send over HTTP, through the lab's proxy, to this server (the
+        composition root passes its URL once bound); their counters go to /metrics too."""
+        self.traffic.connect(server_url, self.fleet.model_name)
+        if self.traffic.counts.prometheus_lines not in self.fleet.bus.text_sources:
+            self.fleet.bus.text_sources.append(self.traffic.counts.prometheus_lines)
+
+    def cancel_user(self, user: str) -> int:
+        """The live fleet's requests of this user not yet ended (its request traces), aborted."""
+        request_ids = self.fleet.traces.in_flight(user)
+        for request_id in request_ids:
+            self.fleet.router.abort(request_id)
+        return len(request_ids)
+
+    def stop(self) -> None:
+        self.hangs.release("the lab stopped")
+        self.traffic.stop()
+        self.traffic.close()
+        self.autoscaler.stop()
+        if self.sim is not None:
+            self.sim.stop()

@@ -1,0 +1,371 @@
+"""The simulated lab: the serving stack's own Fleet, Router and Autoscaler over SimReplicas on one
+EventLoop, fed open-ended by arrivals drawn from the levers (the lab's traffic generator's
+gamma gaps and lengths), and advanced by a wall-clock pacer at `sim_speed` simulated seconds per
+wall second, so a browser watches a 64-GPU fleet while the page is open.
+
+Only the pacer reads wall time: it is this composition's driver, as WallClockDriver is the live
+fleet's. Everything it advances runs on the loop's VirtualClock. The fleet publishes snapshots
+at its own SNAPSHOT_HZ of simulated time; the pacer ticks SNAPSHOT_HZ times a wall second and
+hands one snapshot per tick to its subscriber (the newest, or a fresh one when the fleet runs
+slower than asked), so the stream keeps its >= 5 a second at any speed and never swamps a
+browser at 60x.
+
+With prefill_gpus and decode_gpus both set, the fleet is two pools, each a Fleet of its own
+(prefill replicas compute the prompt and the first token, then the KV goes to a decode
+replica, as engine/sim/run.py does) with one shared event log; autoscaling is colocated only.
+What the levers mean to the simulator, and its refusals, are engine/lab/simulated/lab_check.py's."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.lab.shape import min_tensor_parallel
+from engine.lab.simulated.lab_check import badge, check_sim, fits, replica_bounds
+from engine.lab.traffic import Ramp
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
+from engine.sequence import FinishReason
+from engine.serving.load.loadgen import arrival_gap, draw_length
+from engine.serving.routing.defences import Defences
+from engine.serving.routing.router import AdmissionError, RouterConfig
+from engine.serving.scaling.autoscaler import LEVERS as AUTOSCALER_LEVERS
+from engine.serving.scaling.autoscaler import TARGET_LEVERS, Autoscaler, AutoscalerConfig
+from engine.serving.scaling.fleet import SNAPSHOT_HZ, Fleet, FleetConfig
+from engine.serving.scaling.provisioning import SCALE_COUNTERS
+from engine.serving.telemetry.events import EventLog
+from engine.sim import constants as C
+from engine.sim.loop import EventLoop
+from engine.sim.replica import SimReplica
+from engine.sim.runner import sim_executor
+from engine.sim.workload import SimRequest
+
+PACER_HZ = SNAPSHOT_HZ  # wall ticks a second; each runs the loop up to now * sim_speed and sends one snapshot
+MAX_LAG_S = 0.5  # a slice the simulation cannot keep up with is dropped, not made up in a burst
+ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
+IN_PLACE_LEVERS = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching")
+# Levers whose change needs a new simulated fleet (the deployment or the pools change).
+REBUILD_LEVERS = (
+    "model", "device", "gpu_count", "tensor_parallel", "weight_dtype", "kv_dtype", "prefill_gpus",
+    "decode_gpus", "paged", "block_size",
+)
+
+
+class SimLab:
+    """One simulated fleet for the lab. set_levers applies what it can in place and says when a
+    change needs a new SimLab (the lab builds it: a new deployment starts at simulated time 0)."""
+
+    def __init__(self, levers: dict[str, Any], on_snapshot: Callable[[dict[str, Any]], None]) -> None:
+        self.spec, self.dep = check_sim(levers, {})
+        self.min_tp = min_tensor_parallel({tp: fits(self.dep, tp) for tp in (1, 2, 4, 8)})
+        self.levers = dict(levers)
+        # The serving layer's guards, one object for both pools; apply() changes it in place.
+        self.defences = Defences.from_levers(self.levers)
+        self.on_snapshot = on_snapshot
+        self.loop = EventLoop()
+        self.clock = self.loop.clock
+        self.events = EventLog(self.clock)
+        self.rng = random.Random(0)
+        self.ramp: Ramp | None = None
+        self.sending = False
+        self.sent = self.refused = self.finished = 0
+        self.achieved_speed = 0.0
+        self._latest: dict[str, Any] | None = None
+        self._lock = threading.RLock()  # the pacer's slice against lever changes from sockets
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._arrival_run = 0
+        self.decode_fleet: Fleet | None = None
+        self._decode_left: dict[str, int] = {}
+        self.load_s = self.dep.weight_bytes / self.dep.tp / self.spec.storage_bw
+        pools = self.spec.prefill_gpus is not None
+        base = self._engine_config()
+        if pools:
+            assert self.spec.prefill_gpus is not None and self.spec.decode_gpus is not None
+            n_prefill, n_decode = self.spec.prefill_gpus // self.spec.tp, self.spec.decode_gpus // self.spec.tp
+            link = C.INTER_NODE_BW if self.spec.gpus > self.dep.device.gpus_per_node else self.dep.device.link_bw
+            per_token = self.dep.kv_bytes_per_token
+            self.fleet = self._fleet(base, n_prefill, 0, self._prefilled, None)
+            self.decode_fleet = self._fleet(
+                base.replace(prefix_caching=True), n_decode, n_prefill, self._count_finished, lambda n: n * per_token / link
+            )
+            self.autoscaler: Autoscaler | None = None
+        else:
+            fewest, most = self.spec.replica_bounds()
+            self.fleet = self._fleet(base, fewest, 0, self._count_finished, None)
+            targets = {key: self.levers[key] for key in TARGET_LEVERS if key in self.levers}
+            config = AutoscalerConfig(min_replicas=fewest, max_replicas=most, **targets)
+            self.autoscaler = Autoscaler(self.fleet, config, self.clock)
+            self.autoscaler.start(self.loop)
+        self.fleet.subscribe(self._keep)
+
+    # building -----------------------------------------------------------------------------------
+
+    def _engine_config(self) -> EngineConfig:
+        lv = self.levers
+        return EngineConfig(
+            paged=bool(lv["paged"]), block_size=int(lv["block_size"]), max_num_seqs=int(lv["max_num_seqs"]),
+            max_batched_tokens=int(lv["max_batched_tokens"]), chunked_prefill=bool(lv["chunked_prefill"]),
+            prefix_caching=bool(lv["prefix_caching"]), seed=0,
+        )
+
+    def _fleet(
+        self, config: EngineConfig, replicas: int, first_id: int, on_finished: Callable[[Any], None],
+        transfer: Callable[[int], float] | None,
+    ) -> Fleet:
+        booting = [True]  # the first replicas and pool are loaded before the page opens
+        load_s = self.load_s
+
+        def new_replica(replica_id: int, cfg: EngineConfig, cores: Any = None, on_message: Any = None) -> SimReplica:
+            engine = LLMEngine(cfg, self.clock, sim_executor(self.dep, cfg))
+            return SimReplica(
+                first_id + replica_id, engine, self.loop, on_finished, transfer,
+                load_s=0.0 if booting[0] else load_s, on_message=on_message,
+            )
+
+        lv = self.levers
+        router = RouterConfig(
+            queue_cap=int(lv["queue_cap"]), deadline_s=float(lv["deadline_s"]), rate_limit=float(lv["rate_limit"]) or None
+        )
+        colocated = self.spec.prefill_gpus is None  # a split's pools are fixed: no warm pool
+        pool = FleetConfig(
+            replicas, warm_pool=self.spec.warm_pool if colocated else 0, provision_delay_s=self.spec.provision_delay_s
+        )
+        fleet = Fleet(
+            config, router, pool, new_replica, self.clock, driver=self.loop,
+            model=(self.dep.model.name, self.dep.model.cfg.max_position), events=self.events,
+            defences=self.defences,
+        )
+        booting[0] = False
+        return fleet
+
+    # traffic ------------------------------------------------------------------------------------
+
+    def current_rate(self) -> float:
+        if self.ramp is not None:
+            return self.ramp.rate(self.clock.now())
+        return float(self.levers["request_rate"])
+
+    def start_traffic(self, ramp_to: float | None = None, ramp_s: float = 30.0) -> None:
+        with self._lock:
+            now = self.clock.now()
+            self.ramp = None if ramp_to is None else Ramp(float(self.levers["request_rate"]), ramp_to, now, ramp_s)
+            if not self.sending:
+                self.sending = True
+                self._arrival_run += 1
+                run = self._arrival_run
+                self.loop.at(now, lambda: self._next_arrival(run))
+
+    def stop_traffic(self) -> None:
+        with self._lock:
+            self.sending, self.ramp = False, None
+            self._arrival_run += 1  # the pending arrival of the old run does nothing
+
+    def _next_arrival(self, run: int) -> None:
+        """One arrival, then the next one's gap at the rate of this moment (gamma, as live)."""
+        if run != self._arrival_run:
+            return
+        rate = self.current_rate()
+        if rate > 0:
+            self._arrive()
+            gap = arrival_gap(self.rng, rate, float(self.levers["burstiness"]))
+        else:
+            gap = 0.2  # rate 0: look again shortly
+        self.loop.after(gap, lambda: self._next_arrival(run))
+
+    def _arrive(self) -> None:
+        lv = self.levers
+        n_in = draw_length(self.rng, int(lv["prompt_tokens"]), 0.5)
+        n_out = draw_length(self.rng, int(lv["output_tokens"]), 0.5)
+        request = SimRequest(str(self.sent), self.clock.now(), n_in, n_out)
+        self.sent += 1
+        first = self.decode_fleet is not None
+        if first:  # the prefill pool computes the prompt and the first token
+            self._decode_left[request.request_id] = n_out - 1
+        params = SamplingParams(temperature=0, max_tokens=1 if first else n_out, ignore_eos=True)
+        try:
+            self.fleet.submit(request.request_id, request.token_ids(self.dep.model.cfg.vocab_size), params, None)  # type: ignore[arg-type]
+        except AdmissionError:
+            self.refused += 1
+            self._decode_left.pop(request.request_id, None)
+            return
+        self.fleet.router.dispatch_once()  # submit wakes the live dispatcher at once
+
+    def _prefilled(self, seq: Any) -> None:
+        left = self._decode_left.pop(seq.request_id, 0)
+        if left <= 0 or seq.finish_reason == FinishReason.ABORT or self.decode_fleet is None:
+            self.finished += 1
+            return
+        params = SamplingParams(temperature=0, max_tokens=left, ignore_eos=True)
+        try:
+            self.decode_fleet.submit(seq.request_id, seq.token_ids, params, None)
+        except AdmissionError:
+            self.refused += 1
+            return
+        self.decode_fleet.router.dispatch_once()
+
+    def _count_finished(self, seq: Any) -> None:
+        self.finished += 1
+
+    # levers -------------------------------------------------------------------------------------
+
+    def needs_rebuild(self, changed: dict[str, Any]) -> bool:
+        return any(key in REBUILD_LEVERS for key in changed) or (
+            self.autoscaler is None and any(key in AUTOSCALER_LEVERS for key in changed)
+        )
+
+    def apply(self, changed: dict[str, Any]) -> None:
+        """Levers this fleet takes as it runs (load, queue, batch, autoscaler); the caller has
+        checked needs_rebuild first."""
+        with self._lock:
+            self.levers |= changed
+            fleets = [f for f in (self.fleet, self.decode_fleet) if f is not None]
+            router = {k: changed[k] for k in ROUTER_LEVERS if k in changed}
+            if "rate_limit" in router:
+                router["rate_limit"] = router["rate_limit"] or None
+            in_place = {k: changed[k] for k in IN_PLACE_LEVERS if k in changed}
+            defences = {k: changed[k] for k in Defences.names() if k in changed}
+            if defences:
+                self.defences.update(**defences)
+            for fleet in fleets:
+                if router:
+                    fleet.router.reconfigure(**router)
+                if in_place:
+                    fleet.reconfigure(**in_place)
+            scaling = {k: changed[k] for k in (*AUTOSCALER_LEVERS, *TARGET_LEVERS) if k in changed}
+            if self.autoscaler is not None and scaling:
+                fewest, most = replica_bounds(self.levers)
+                self.autoscaler.reconfigure(**(scaling | {"min_replicas": fewest, "max_replicas": most}))
+            if "request_rate" in changed and self.ramp is not None:
+                self.ramp = None  # the lever takes over from a ramp, as live
+
+    # running ------------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._pace, name="sim-pacer", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the pacer (and with it every simulated replica and arrival): nothing runs after."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5.0)
+        with self._lock:
+            self.sending = False
+            if self.autoscaler is not None:
+                self.autoscaler.stop()
+            for fleet in (self.fleet, self.decode_fleet):
+                if fleet is not None:
+                    fleet.stop()
+
+    def _pace(self) -> None:
+        """The wall-clock driver: every tick, run the loop up to sim_speed x the wall time that
+        passed, then hand the newest snapshot on."""
+        lower_this_threads_priority()
+        period = 1.0 / PACER_HZ
+        last = due = time.monotonic()
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            now = time.monotonic()
+            due = max(due + period, now)  # a fixed rate, as WallClockDriver's: a slow tick is not made up
+            wall, last = min(now - last, MAX_LAG_S), now
+            with self._lock:
+                before = self.clock.now()
+                target = before + wall * int(self.levers["sim_speed"])
+                # A slice gets at most a tick of wall time: a fleet too big for this speed runs
+                # slower than asked (achieved_speed says so) and the page stays responsive.
+                deadline = now + 1.0 / PACER_HZ
+                self.loop.run(until=target, done=lambda deadline=deadline: time.monotonic() > deadline)
+                if not self.loop.pending_before(target):  # nothing left before the target: time still passes
+                    self.clock.advance(target - self.clock.now())
+                snap, self._latest = self._latest, None
+                if snap is None:  # the fleet ran slower than its snapshot period: the stream keeps its rate
+                    self._keep(self.fleet.snapshot())
+                    snap, self._latest = self._latest, None
+                self.achieved_speed = (self.clock.now() - before) / max(1e-6, wall)
+            self.on_snapshot(snap)  # type: ignore[arg-type]
+
+    def _keep(self, snap: dict[str, Any]) -> None:
+        """The fleet's own snapshot (SNAPSHOT_HZ of simulated time); a P/D split adds its decode pool."""
+        if self.decode_fleet is not None:
+            snap = merge_pools(snap, self.decode_fleet.snapshot())
+        self._latest = snap
+
+    # what the page shows ------------------------------------------------------------------------
+
+    def facts(self) -> dict[str, Any]:
+        """What a live replica reports about itself, from the deployment (per GPU of a TP group)."""
+        dep = self.dep
+        replicas = [r for r in self.fleet.replicas if r.stats is not None]
+        blocks = replicas[0].stats.kv_total_blocks if replicas else 0
+        per_gpu = dep.weight_bytes // dep.tp
+        return {
+            "param_bytes": per_gpu,
+            "weight_bytes": per_gpu,
+            "tp_rank_weight_bytes": [per_gpu] * dep.tp,
+            "weight_bytes_total": dep.weight_bytes,
+            "kv_bytes_per_token": dep.kv_bytes_per_token,
+            "kv_budget_bytes": int(blocks * int(self.levers["block_size"]) * dep.kv_bytes_per_token),
+            "copy_gbs": dep.device.bandwidth / 1e9,
+            "device_memory_bytes": dep.device.memory_bytes,
+            "device_memory_gb": dep.device.memory_gb,
+            "tensor_parallel": dep.tp,
+            "allreduces_per_step": C.ALLREDUCES_PER_LAYER * dep.model.cfg.num_layers if dep.tp > 1 else 0,
+        }
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "badge": badge(self.levers),
+            "sim_time_s": round(self.clock.now(), 2),
+            "speed": int(self.levers["sim_speed"]),
+            "achieved_speed": round(self.achieved_speed, 1),
+            "running": self.running,
+            "finished": self.finished,
+            "load_s": round(self.load_s, 1),
+        }
+
+    def traffic_state(self) -> dict[str, Any]:
+        return {"running": self.sending, "rate": round(self.current_rate() if self.sending else 0.0, 2),
+                "sent": self.sent, "refused": self.refused}
+
+
+def merge_pools(prefill: dict[str, Any], decode: dict[str, Any]) -> dict[str, Any]:
+    """One snapshot of a prefill/decode split: counts add up; TTFT is the prefill pool's (its
+    first token), ITL the decode pool's; the queue is the front (prefill) router's plus the
+    hand-off queue."""
+    out = dict(prefill)
+    for key in ("queue_depth", "running", "waiting", "kv_used_blocks", "kv_total_blocks", "tokens_per_s",
+                "batch_size", "max_num_seqs", "preempted", *SCALE_COUNTERS):
+        out[key] = prefill.get(key, 0) + decode.get(key, 0)
+    for key in ("itl_p50", "itl_p99"):
+        out[key] = decode.get(key)
+    for key in ("replicas", "rejected"):
+        merged = dict(prefill.get(key, {}))
+        for name, n in decode.get(key, {}).items():
+            merged[name] = merged.get(name, 0) + n
+        out[key] = merged
+    out["allreduce_ms"] = max(prefill.get("allreduce_ms", 0.0), decode.get("allreduce_ms", 0.0))
+    return out
+
+
+def lower_this_threads_priority() -> None:
+    """The pacer runs at the lowest CPU priority (Linux nice is per thread): the live engine's
+    replicas share these cores, and their OpenMP threads wait on each other at every barrier, so
+    a simulation that takes a core from one of them for a moment stalls the whole step (measured:
+    a 64-GPU fleet streaming to one browser made the live decode step 1.71x as long at nice 0).
+    Under live load the simulation runs slower than asked, and achieved_speed shows it."""
+    if sys.platform != "linux":  # macOS's setpriority takes a process id: a thread id could renice another
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except OSError:  # not permitted: run at the normal priority
+        pass

@@ -1,0 +1,217 @@
+"""Live traffic for the lab: an open-ended load generator whose rate, lengths and burstiness
+follow the levers while it runs, with an optional linear ramp (the "flood").
+
+Each arrival draws its gap from the same gamma distribution as the benchmark load generator
+(Poisson at burstiness 1): next_gap() and next_request() are the steps, read at the clock's
+now(); live, a thread waits out each gap and every request runs on its own thread.
+
+Where the lab knows its server's URL (connect(): the composition root passes it once the server
+is bound), each request goes over HTTP like any user's: the lab's clients (lab_clients.py:
+patience, retries after a 429) stream /v1/completions through the lab's proxy (proxy.py:
+stream_flush, proxy_idle_timeout_s), a real hop in front of the server, all read live from the
+levers. Without a server (a LiveLab built in a unit test), RouterTarget sends in process, into
+the same central queue. The driver times each request at its own end of the stream
+(`clients`), the user's view beside the server's, and counts its attempts (`counts`)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.clock import WALL_CLOCK, Clock
+from engine.lab.client_stats import ClientLatency
+from engine.lab.live.lab_clients import Attempt, ClientCounts, ClientPolicy, LabHttpClient, RefusalHook
+from engine.lab.proxy import LabProxy, ProxySettings
+from engine.serving.load.loadgen import VOCAB, LoadRequest, RouterTarget, Target, arrival_gap, draw_length, now
+from engine.serving.load.loadgen_metrics import RequestRecord
+from engine.serving.routing.router import Router
+
+# The lab's traffic is a mix, as a real service's is: every BATCH_EVERY-th request is a batch
+# job at a lower priority (vLLM's `priority`: higher is later). Aging keeps those from starving
+# behind the interactive ones (the aging row of /failures, with central_queue off so that
+# requests wait in a replica's own scheduler, where priorities order them).
+BATCH_EVERY = 4
+BATCH_PRIORITY = 1
+MAX_IN_FLIGHT = 512  # client threads: past this the generator waits, so the web process stays light
+
+
+@dataclass
+class Ramp:
+    start_rate: float
+    end_rate: float
+    start_time: float
+    duration_s: float
+
+    def rate(self, now: float) -> float:
+        done = min(1.0, max(0.0, (now - self.start_time) / self.duration_s)) if self.duration_s > 0 else 1.0
+        return self.start_rate + (self.end_rate - self.start_rate) * done
+
+
+class TrafficDriver:
+    """`levers()` returns the lab's current levers: request_rate, prompt_tokens, output_tokens,
+    burstiness; over HTTP also stream_flush, proxy_idle_timeout_s, client_patience_s,
+    client_retries and retry_jitter."""
+
+    def __init__(
+        self,
+        router: Router | None,
+        levers: Callable[[], dict[str, Any]],
+        api_key: str | None = None,
+        clock: Clock = WALL_CLOCK,
+        seed: int = 0,
+    ) -> None:
+        # No router: a remote backend's lab (issue 17), which connect()s before it sends.
+        self._target: Target | None = None if router is None else RouterTarget(router, api_key)
+        self._api_key = api_key
+        self.proxy: LabProxy | None = None
+        self._levers = levers
+        self.clock = clock
+        self.rng = random.Random(seed)
+        self.ramp: Ramp | None = None
+        self.sent = 0  # requests (a retried one once); counts.sent counts attempts
+        self.counts = ClientCounts()
+        self.clients = ClientLatency()
+        self._in_flight = threading.Semaphore(MAX_IN_FLIGHT)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._run_id = uuid.uuid4().hex[:6]
+
+    @property
+    def refused(self) -> int:
+        """429s the clients received (a retried request may add several)."""
+        return self.counts.refused
+
+    @property
+    def target_url(self) -> str | None:
+        """Where requests go: the proxy's URL (in front of the server), or None in process."""
+        return None if self.proxy is None else self.proxy.base_url
+
+    def connect(
+        self,
+        server_url: str,
+        model: str,
+        on_refusal: RefusalHook | None = None,
+        settings: Callable[[], ProxySettings] | None = None,
+    ) -> None:
+        """From now on send over HTTP, through the lab's proxy, to the server at server_url
+        (a base URL: the app's own server, or issue 17's remote one); on_refusal hears every
+        answer other than 200 (lab_clients.RefusalHook); settings replaces the proxy's
+        settings from the levers (a remote lab adds relay_hangup)."""
+        self.close()
+        self.proxy = LabProxy(server_url, settings or self.proxy_settings).start()
+        self._target = LabHttpClient(
+            self.proxy.base_url, model, self.client_policy, self.counts, self._api_key,
+            random.Random(self.rng.random()), on_refusal,
+        )
+
+    def client_policy(self) -> ClientPolicy:
+        """Read at each attempt: a lever moved mid-request applies from the next try."""
+        return ClientPolicy.from_levers(self._levers())
+
+    def proxy_settings(self) -> ProxySettings:
+        levers = self._levers()
+        return ProxySettings(bool(levers["stream_flush"]), float(levers["proxy_idle_timeout_s"]))
+
+    def close(self) -> None:
+        """Stop the proxy (requests still in it are cut); the driver sends in process after this."""
+        if self.proxy is not None:
+            self.proxy.stop()
+            self.proxy = None
+
+    def fields(self) -> dict[str, int]:
+        """The live snapshot's client counters."""
+        return self.counts.fields()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def current_rate(self) -> float:
+        if self.ramp is not None:
+            return self.ramp.rate(self.clock.now())
+        return float(self._levers()["request_rate"])
+
+    def start(self, ramp_to: float | None = None, ramp_s: float = 30.0) -> None:
+        """Start sending (or, if running, just set the ramp); ramp_to None holds the lever's rate."""
+        now = self.clock.now()
+        base = float(self._levers()["request_rate"])
+        self.ramp = None if ramp_to is None else Ramp(base, ramp_to, now, ramp_s)
+        if self.running:
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="traffic", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop sending; requests in flight finish normally (none is cut)."""
+        self._stop.set()
+        self.ramp = None
+
+    def next_gap(self) -> float | None:
+        """Seconds from the last arrival to the next at the current rate; None: the rate is 0."""
+        rate = self.current_rate()
+        if rate <= 0:
+            return None
+        return arrival_gap(self.rng, rate, float(self._levers()["burstiness"]))
+
+    def next_request(self) -> LoadRequest:
+        """The next arrival's request, its lengths drawn around the levers' means of this moment."""
+        levers = self._levers()
+        n_in = draw_length(self.rng, int(levers["prompt_tokens"]), 0.5)
+        n_out = draw_length(self.rng, int(levers["output_tokens"]), 0.5)
+        request = LoadRequest(
+            f"flood-{self._run_id}-{self.sent}",
+            [self.rng.randrange(*VOCAB) for _ in range(n_in)],
+            n_out,
+            BATCH_PRIORITY if self.sent % BATCH_EVERY == BATCH_EVERY - 1 else 0,
+        )
+        self.sent += 1
+        return request
+
+    def _loop(self, stop: threading.Event) -> None:
+        """Live: wait out each gap on the wall clock, then send on a client thread."""
+        while not stop.is_set():
+            gap = self.next_gap()
+            if gap is None:
+                stop.wait(0.2)
+                continue
+            if stop.wait(min(gap, 5.0)) or gap > 5.0:  # a long gap re-reads the levers first
+                continue
+            if not self._in_flight.acquire(timeout=1.0):
+                continue
+            threading.Thread(target=self._send, args=(self.next_request(),), daemon=True).start()
+
+    def burst(self, count: int) -> list[RequestRecord]:
+        """Send `count` requests at once, beside any flood (a spike, an outage's backlog
+        returning): their records, filled in as they run."""
+        records = []
+        for _ in range(count):
+            if not self._in_flight.acquire(timeout=1.0):
+                break
+            request = self.next_request()
+            record = RequestRecord(0, request.request_id, len(request.prompt_token_ids), request.max_tokens)
+            records.append(record)
+            threading.Thread(target=self._send, args=(request, record), daemon=True).start()
+        return records
+
+    def _send(self, request: LoadRequest, record: RequestRecord | None = None) -> None:
+        record = record or RequestRecord(0, request.request_id, len(request.prompt_token_ids), request.max_tokens)
+        self.clients.track(record)
+        target = self._target
+        if target is None:  # nothing to send to yet
+            record.fail("the lab's traffic has no server to send to")
+            self.counts.record(Attempt(now(), 1, "failed", now()))
+            self._in_flight.release()
+            return
+        try:
+            # Flood requests are never cut when the flood stops: the stop event stays clear.
+            target.send(request, record, threading.Event())
+            if not isinstance(target, LabHttpClient):  # in process: one attempt, counted here
+                outcome = {"ok": "ok", "rejected": "refused"}.get(record.status, "failed")
+                self.counts.record(Attempt(record.send_time or now(), 1, outcome, now()))
+        finally:
+            self._in_flight.release()

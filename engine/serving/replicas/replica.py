@@ -1,0 +1,387 @@
+"""A replica is one engine in its own process (multiprocessing spawn), on the cores it owns.
+
+The child runs the engine's step loop and sends one StepMessage per step (every new token of
+every request on it) or, when idle, a heartbeat. The parent's ReplicaHandle turns those into
+per-request event queues, and notices a replica that died (its process sentinel) or got stuck
+(no heartbeat for heartbeat_timeout_s, or one step running past step_timeout_s), failing its
+in-flight requests with an error. A heartbeat thread in the child keeps talking during long steps,
+so a slow step on a busy CPU is not mistaken for a frozen process."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import logging
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.clock import WALL_CLOCK
+from engine.config import EngineConfig
+from engine.distributed import STEP_TIMEOUT_S
+from engine.machine import EnginePlan, set_affinity
+from engine.sequence import FinishReason
+from engine.serving.replicas.messages import (
+    AbortRequest,
+    AddRequest,
+    Drain,
+    Heartbeat,
+    Reconfigure,
+    ReplicaFailure,
+    RequestError,
+    StepMessage,
+    Stop,
+    TokenDelta,
+    expired_error,
+)
+from engine.serving.replicas.replica_api import ENDED, ReplicaState, ReplicaStats
+
+log = logging.getLogger("servelab.replica")
+
+STATES = tuple(ReplicaState)
+
+
+def replica_main(
+    replica_id: int, config: EngineConfig, inbox: Any, outbox: Any, cores: list[int] | None, heartbeat_s: float
+) -> None:
+    """The child process: load the engine, then loop: take commands, step, report."""
+    from engine.distributed import ShardGroupError
+    from engine.errors import InvalidParamError
+    from engine.llm_engine import LLMEngine
+    from engine.memory import copy_bandwidth_gbs
+    from engine.warm_up import warm_up
+
+    clock = WALL_CLOCK
+    if cores:
+        set_affinity(cores)  # Linux pins; macOS has no affinity call, only the thread count holds
+        config = config.replace(num_threads=len(cores))
+    outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.STARTING))
+    try:
+        engine = LLMEngine(config)
+        warm_up(engine)
+    except Exception as exc:  # noqa: BLE001 - any load failure makes this replica failed
+        failure = ReplicaFailure.of_load_error(exc)
+        outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.FAILED, failure=failure))
+        return
+    engine.replica_id = replica_id
+    # The loaded engine (torch's modules, the model) lives as long as the process: frozen, the
+    # collector's full passes skip its 220k objects (0.08 s a pass here) instead of landing in a step.
+    gc.collect()
+    gc.freeze()
+    state = ReplicaState.READY
+    bandwidth = copy_bandwidth_gbs(config.device)
+
+    def stats() -> dict[str, Any]:
+        facts = {"max_num_seqs": engine.config.max_num_seqs, "pid": os.getpid(), "copy_gbs": bandwidth}
+        return engine.stats() | facts
+
+    outbox.put(StepMessage(replica_id, clock.now(), stats=stats(), state=state, plan=engine.plan))
+    last_sent = clock.now()
+    progress: dict[str, float | None] = {"step_started": None}
+    threading.Thread(
+        target=_heartbeats, args=(replica_id, outbox, progress, heartbeat_s), name="heartbeat", daemon=True
+    ).start()
+    while True:
+        commands = _take_commands(inbox, wait=0 if engine.has_work() else heartbeat_s)
+        errors: list[RequestError] = []
+        for cmd in commands:
+            if isinstance(cmd, AddRequest):
+                if state != ReplicaState.READY:
+                    errors.append(RequestError(cmd.request_id, None, f"replica {replica_id} is {state}"))
+                    continue
+                try:
+                    engine.add_request(
+                        cmd.request_id,
+                        None,
+                        cmd.params,
+                        prompt_token_ids=cmd.prompt_token_ids,
+                        arrival_time=cmd.arrival_time,
+                        deadline=cmd.deadline,
+                        drop_if_expired=cmd.drop_if_expired,
+                        priority=cmd.priority,
+                    )
+                except InvalidParamError as err:
+                    errors.append(RequestError(cmd.request_id, err.param, err.message))
+            elif isinstance(cmd, AbortRequest):
+                engine.abort(cmd.request_id)
+            elif isinstance(cmd, Reconfigure):
+                engine.reconfigure(**cmd.changes)
+            elif isinstance(cmd, Drain):
+                state = ReplicaState.DRAINING
+            elif isinstance(cmd, Stop):
+                engine.close()
+                errors += [RequestError(rid, None, "replica stopped") for rid in engine.requests]
+                outbox.put(StepMessage(replica_id, clock.now(), errors=errors, stats=stats(), state=ReplicaState.STOPPED))
+                return
+        deltas = []
+        if engine.has_work():
+            progress["step_started"] = clock.now()
+            try:
+                outputs = engine.step()
+                deltas = [_delta(out) for out in outputs if out.finish_reason != FinishReason.DEADLINE]
+                errors += [expired_error(out.request_id) for out in outputs if out.finish_reason == FinishReason.DEADLINE]
+            except ShardGroupError as exc:  # a tensor-parallel rank hung or died: the group is gone
+                errors += [RequestError(rid, None, str(exc)) for rid in engine.requests]
+                failure = ReplicaFailure(str(exc), permanent=False)  # a fresh group may well hold
+                outbox.put(StepMessage(replica_id, clock.now(), errors=errors, state=ReplicaState.FAILED, failure=failure))
+                return
+            progress["step_started"] = None
+        if state == ReplicaState.DRAINING and not engine.has_work():
+            engine.close()
+            steps = engine.step_records.take() if engine.step_records is not None else []
+            outbox.put(StepMessage(replica_id, clock.now(), deltas, errors, stats(), ReplicaState.STOPPED, steps))
+            return
+        now = clock.now()
+        if deltas or errors or now - last_sent >= heartbeat_s:
+            steps = engine.step_records.take() if engine.step_records is not None else []
+            outbox.put(StepMessage(replica_id, now, deltas, errors, stats(), state, steps))
+            last_sent = now
+
+
+def replica_pids(server_pid: int) -> list[int]:
+    """The replica processes a server spawned (its children running multiprocessing's spawn_main),
+    read from /proc: for tests and benchmarks that signal or measure them."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if ppid == server_pid and b"spawn_main" in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _heartbeats(replica_id: int, outbox: Any, progress: dict[str, float | None], every_s: float) -> None:
+    while True:
+        outbox.put(Heartbeat(replica_id, WALL_CLOCK.now(), progress["step_started"]))
+        time.sleep(every_s)
+
+
+def _take_commands(inbox: Any, wait: float) -> list[Any]:
+    commands = []
+    try:
+        commands.append(inbox.get(timeout=wait) if wait > 0 else inbox.get_nowait())
+        while True:
+            commands.append(inbox.get_nowait())
+    except queue.Empty:
+        pass
+    return commands
+
+
+def _delta(out: Any) -> TokenDelta:
+    seq = out.seq
+    first = bool(out.new_token_ids) and len(seq.times.tokens) == len(out.new_token_ids)
+    times = copy.deepcopy(seq.times) if first or out.finished else None
+    return TokenDelta(
+        out.request_id,
+        out.new_token_ids,
+        out.new_text,
+        out.finished,
+        out.finish_reason,
+        seq.num_prompt_tokens,
+        seq.num_cached_tokens,
+        times,
+        first,
+        logprobs=out.logprobs,
+        prompt_logprobs=seq.prompt_logprobs if first and seq.params.prompt_logprobs is not None else None,
+    )
+
+
+class ReplicaHandle:
+    """The front process's view of one replica: submit, abort, drain, and its latest stats."""
+
+    def __init__(
+        self,
+        replica_id: int,
+        config: EngineConfig,
+        cores: list[int] | None = None,
+        heartbeat_s: float = 0.25,
+        heartbeat_timeout_s: float = 2.0,
+        step_timeout_s: float = 30.0,
+        on_message: Callable[[StepMessage], None] | None = None,
+    ) -> None:
+        ctx = mp.get_context("spawn")
+        self.on_message = on_message  # the metrics bus listens here
+        self.replica_id = replica_id
+        self.config = config
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        # A tensor-parallel group is one failure unit: a rank that hangs inside a collective holds
+        # rank 0's step, so a tighter watchdog (behind the collectives' own timeout) fails it fast.
+        # With the defence collective_timeout off there is no step watchdog at all (None).
+        self.step_timeout_s: float | None = (
+            None
+            if not config.collective_timeout
+            else step_timeout_s if config.tensor_parallel == 1 else min(step_timeout_s, STEP_TIMEOUT_S)
+        )
+        self.step_started: float | None = None
+        self.state = ReplicaState.STARTING
+        self.stats: ReplicaStats | None = None  # the latest step's, once it reports
+        self.error: str | None = None
+        self.permanent = False  # its failure would repeat on a restart (ReplicaFailure.permanent)
+        self.plan: EnginePlan | None = None  # what it runs, once ready
+        self.num_token_messages = 0  # step messages that carried tokens
+        self._inbox = ctx.Queue()
+        self._outbox = ctx.Queue()
+        self._streams: dict[str, queue.Queue] = {}
+        self._streaming: set[str] = set()  # requests on it that have had their first token
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._ended = threading.Event()
+        self.process = ctx.Process(
+            target=replica_main,
+            args=(replica_id, config, self._inbox, self._outbox, cores, heartbeat_s),
+            name=f"servelab-replica-{replica_id}",
+            daemon=True,
+        )
+        self.process.start()
+        self.last_seen = WALL_CLOCK.now()
+        self._reader = threading.Thread(target=self._read_loop, name=f"replica-{replica_id}-reader", daemon=True)
+        self._reader.start()
+
+    # commands ---------------------------------------------------------------------------------
+
+    def submit(self, request: AddRequest, events: queue.Queue | None = None) -> queue.Queue:
+        """Queue of events for this request (the caller's, or a new one): TokenDelta (the last
+        one has finished=True) or a RequestError, after which nothing more comes.
+
+        The request's arrival_time is the router's admission stamp, so the replica's TTFT and
+        queue time include the wait in the central queue; left None, the hand-off is the arrival."""
+        events = queue.Queue() if events is None else events
+        with self._lock:
+            if self.state != ReplicaState.READY:
+                events.put(RequestError(request.request_id, None, f"replica {self.replica_id} is {self.state}"))
+                return events
+            self._streams[request.request_id] = events
+        if request.arrival_time is None:
+            request = dataclasses.replace(request, arrival_time=WALL_CLOCK.now())
+        self._inbox.put(request)
+        return events
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(AbortRequest(request_id))
+
+    def reconfigure(self, **changes: Any) -> None:
+        """Levers the engine takes in place; they apply from its next step."""
+        self.config = self.config.replace(**changes)
+        self._inbox.put(Reconfigure(changes))
+
+    def drain(self) -> None:
+        with self._lock:
+            if self.state == ReplicaState.READY:
+                self.state = ReplicaState.DRAINING
+        self._inbox.put(Drain())
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.state == ReplicaState.STARTING and self.process.is_alive():
+            # Still loading: it reads no command until loaded and holds no request; stop it now.
+            self.kill(f"replica {self.replica_id} stopped while loading")
+            return
+        if self.process.is_alive():
+            self._inbox.put(Stop())
+            self._ended.wait(timeout)
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+
+    def kill(self, reason: str) -> int:
+        """Stop at once, as a terminated machine does (SIGKILL, no drain): every request on it
+        fails with `reason`. Returns how many of them had already streamed a token."""
+        with self._lock:
+            cut = len(self._streaming & self._streams.keys())
+        self._end(ReplicaState.STOPPED, reason)  # first: its streams get this reason, not "died"
+        if self.process.is_alive():
+            self.process.kill()  # its tensor-parallel ranks die with it (PR_SET_PDEATHSIG)
+        self.process.join(10)
+        return cut
+
+    def wait_ready(self, timeout: float = 120.0) -> bool:
+        self._ready.wait(timeout)
+        return self.state == ReplicaState.READY
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    # the reader thread ------------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        while not self._ended.is_set():
+            try:
+                msg = self._outbox.get(timeout=0.05)
+            except queue.Empty:
+                msg = None
+            if msg is not None:
+                self.last_seen = WALL_CLOCK.now()
+                if isinstance(msg, Heartbeat):
+                    self.step_started = msg.step_started
+                else:
+                    self._dispatch(msg)
+            self._check_alive()
+
+    def _dispatch(self, msg: StepMessage) -> None:
+        self.num_token_messages += bool(msg.deltas)
+        if self.on_message is not None:
+            self.on_message(msg)
+        with self._lock:
+            for delta in msg.deltas:
+                events = self._streams.get(delta.request_id)
+                if events is not None:
+                    events.put(delta)
+                    if delta.token_ids:
+                        self._streaming.add(delta.request_id)
+                    if delta.finished:
+                        del self._streams[delta.request_id]
+                        self._streaming.discard(delta.request_id)
+            for error in msg.errors:
+                events = self._streams.pop(error.request_id, None)
+                self._streaming.discard(error.request_id)
+                if events is not None:
+                    events.put(error)
+            if msg.stats:
+                self.stats = ReplicaStats.from_dict(msg.stats)
+            if msg.plan is not None:
+                self.plan = msg.plan
+            if msg.failure is not None:
+                self.error, self.permanent = msg.failure.reason, msg.failure.permanent
+            if not (self.state == ReplicaState.DRAINING and msg.state == ReplicaState.READY):
+                self.state = ReplicaState(msg.state)
+        if msg.state in (ReplicaState.READY, *ENDED):
+            self._ready.set()
+        if msg.state in ENDED:
+            self._end(msg.state, self.error or f"replica {self.replica_id} {msg.state}")
+
+    def _check_alive(self) -> None:
+        if not self.process.is_alive():
+            self._end(ReplicaState.FAILED, f"replica {self.replica_id} died (exit code {self.process.exitcode})")
+        elif self.state == ReplicaState.STARTING:
+            return  # loading the model sends nothing for a while
+        elif (now := WALL_CLOCK.now()) - self.last_seen > self.heartbeat_timeout_s:
+            self.process.kill()  # frozen (e.g. SIGSTOP): fail it loudly rather than wait on it
+            self._end(ReplicaState.FAILED, f"replica {self.replica_id} sent nothing for {self.heartbeat_timeout_s:.1f} s")
+        elif self.step_timeout_s is not None and self.step_started is not None and now - self.step_started > self.step_timeout_s:
+            self.process.kill()
+            self._end(ReplicaState.FAILED, f"replica {self.replica_id} stuck in one step for {self.step_timeout_s:.0f} s")
+
+    def _end(self, state: ReplicaState, reason: str) -> None:
+        with self._lock:
+            if self.state != ReplicaState.STOPPED:
+                self.state = ReplicaState(state)
+            streams, self._streams = self._streams, {}
+            self._streaming.clear()
+        for request_id, events in streams.items():
+            events.put(RequestError(request_id, None, reason))
+        if state == ReplicaState.FAILED and not self.permanent:  # a permanent one: the fleet says it, once
+            log.warning(reason)
+        self._ready.set()
+        self._ended.set()
