@@ -56,11 +56,12 @@ ifeq ($(shell uname -m),x86_64)
 	SERVELAB_CPU_ISA=avx2 $(PY) -m pytest -q -p no:cacheprovider $(AVX2_TESTS)
 endif
 
-# The unit tier alone (tests/conftest.py: no model, no server, no browser), for a quick answer;
-# `make test` runs every tier and is what CI runs.
+# The unit tier alone (tests/conftest.py: no model, no server, no browser), for a quick answer,
+# a test file per worker on every core; `make test` runs every tier, one test at a time (its
+# latency tests measure alone), and is what CI runs.
 test-fast: $(STAMP) $(KERNEL_STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider -m unit tests
+	$(PY) -m pytest -q -p no:cacheprovider -m unit -n auto --dist loadfile tests
 
 # vLLM's CPU guide asks for tcmalloc preloaded; ServeLab's bench gets the same allocator, Debian's
 # library for this architecture (uname -m: x86_64 or aarch64). macOS has no LD_PRELOAD: its benches

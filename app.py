@@ -22,10 +22,10 @@ from engine.config import EngineConfig
 from engine.errors import InvalidParamError
 from engine.lab.facade import LabFacade
 from engine.lab.live.lab import LiveLab, engine_fields
-from engine.lab.live_limits import replica_bounds
 from engine.lab.remote.remote_backend import RemoteConfig
 from engine.lab.remote.remote_lab import RemoteLab
 from engine.lab.remote.remote_levers import REMOTE_LEVERS
+from engine.lab.replica_bounds import replica_bounds
 from engine.levers import LEVERS, parse_bool, validate_levers
 from engine.machine import MachineError
 from engine.serving.routing.defences import Defences
@@ -60,9 +60,8 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
     )
     # The autoscaler grows the fleet from its fewest, within the devices gpu_count grants; the warm
     # pool is loaded from the start, as the first replicas are.
-    fleet_config = FleetConfig(
-        replica_bounds(values)[0], drain_timeout_s, values["warm_pool"], values["provision_delay_s"]
-    )
+    fewest, _ = replica_bounds(values, warm_pool_holds_devices=False)
+    fleet_config = FleetConfig(fewest, drain_timeout_s, values["warm_pool"], values["provision_delay_s"])
     fleet = Fleet(engine_config, router_config, fleet_config, defences=Defences.from_levers(values))
     return LiveLab(fleet, values)
 

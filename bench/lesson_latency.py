@@ -29,7 +29,7 @@ def _settle(lab: Any, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         snap = lab.fleet.snapshot()
-        if lab.status == "serving" and snap["queue_depth"] == 0 and snap["running"] == 0:
+        if lab.status == "serving" and snap.queue_depth == 0 and snap.running == 0:
             return
         time.sleep(0.5)
     raise RuntimeError("the lab did not settle")

@@ -10,6 +10,7 @@ from engine.clock import VirtualClock
 from engine.serving.routing.defences import Defences
 from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision, Signals
 from engine.serving.telemetry.events import EventLog
+from engine.serving.telemetry.snapshot import FleetSnapshot
 
 TICK = 0.5
 
@@ -25,19 +26,18 @@ class FakeFleet:
         self.provision_delay_s: float | None = None
         self.unservable: str | None = None
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> FleetSnapshot:
         slots = 100 * max(1, self.ready)
         states = {"ready": self.ready, "starting": self.starting, "draining": self.draining, "stopped": 3}
-        return {
-            "time": self.clock.now(),
-            "queue_depth": self.queued,
-            "waiting": 0,
-            "batch_size": round(self.slot_util * slots),
-            "max_num_seqs": slots,
-            "kv_used_blocks": round(self.kv_util * slots),
-            "kv_total_blocks": slots,
-            "replicas": {k: v for k, v in states.items() if v},
-        }
+        return FleetSnapshot(
+            time=self.clock.now(),
+            queue_depth=self.queued,
+            batch_size=round(self.slot_util * slots),
+            max_num_seqs=slots,
+            kv_used_blocks=round(self.kv_util * slots),
+            kv_total_blocks=slots,
+            replicas={k: v for k, v in states.items() if v},
+        )
 
     def scale_up(self, count: int = 1) -> str:
         self.starting += count
@@ -199,14 +199,8 @@ def test_config_from_levers_and_status() -> None:
 
 
 def test_signals_from_a_fleet_snapshot() -> None:
-    snap = {
-        "time": 3.0,
-        "queue_depth": 7,
-        "waiting": 2,
-        "batch_size": 6,
-        "max_num_seqs": 8,
-        "kv_used_blocks": 10,
-        "kv_total_blocks": 40,
-        "replicas": {"ready": 2, "starting": 1, "provisioning": 1, "warm": 1, "draining": 1},
-    }
+    snap = FleetSnapshot(
+        time=3.0, queue_depth=7, waiting=2, batch_size=6, max_num_seqs=8, kv_used_blocks=10, kv_total_blocks=40,
+        replicas={"ready": 2, "starting": 1, "provisioning": 1, "warm": 1, "draining": 1},
+    )
     assert Signals.from_snapshot(snap) == Signals(3.0, 9, 0.75, 0.25, ready=2, starting=2, draining=1)

@@ -40,7 +40,7 @@ def test_scales_one_two_one_under_load_without_a_failed_or_cut_request() -> None
         assert fleet.wait_ready(), fleet.replica_states()
         assert wait_for(lambda: fleet.replica_states().get("warm") == 1, 120), fleet.replica_states()
         ready_seen: list[int] = []
-        fleet.subscribe(lambda snap: ready_seen.append(snap["replicas"].get("ready", 0)))
+        fleet.subscribe(lambda snap: ready_seen.append(snap.replicas.get("ready", 0)))
         auto.start()
         target = RouterTarget(fleet.router)
         deadline, batch = time.monotonic() + 150, 0

@@ -7,7 +7,7 @@ under their thresholds throughout: only TTFT can move the fleet."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ from engine.lab.simulated.lab_sim import SimLab
 from engine.levers import LEVERS
 from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision
 from engine.serving.telemetry.metrics import WINDOW_S, window_percentile
+from engine.serving.telemetry.snapshot import FleetSnapshot
 from tests.test_autoscaler import FakeFleet, play, scaler
 
 
@@ -42,14 +43,14 @@ class LoadedFleet(FakeFleet):
         self.load = load
         self.first_tokens: list[tuple[float, float]] = []  # (when, TTFT s)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> FleetSnapshot:
         now, at = self.clock.now(), self.load[max(1, self.ready)]
         self.slot_util, self.kv_util = at.slot_util, at.kv_util
         if at.ttft_s is not None:
             self.first_tokens.append((now, at.ttft_s))
         self.first_tokens = [(t, v) for t, v in self.first_tokens if now - t <= WINDOW_S]
         p99 = window_percentile(sorted(v for _, v in self.first_tokens), 99)
-        return super().snapshot() | {"ttft_p99": p99}
+        return replace(super().snapshot(), ttft_p99=p99)
 
 
 def loaded(load: dict[int, LoadAt] = STEADY, **config: Any) -> tuple[LoadedFleet, Autoscaler]:
@@ -153,7 +154,7 @@ def run_sim_lab(ttft_target_ms: int, until_s: float) -> tuple[list[dict[str, Any
         while sim.clock.now() < until_s:
             sim.loop.run(until=sim.clock.now() + 5.0)
             snap = sim.fleet.snapshot()
-            if len(snap["replicas"]) == 1:  # only "ready": nothing ordered yet
+            if len(snap.replicas) == 1:  # only "ready": nothing ordered yet
                 one_replica.append(snap)
         return one_replica, [e for e in sim.events.recent("scale") if e["delta"]]
     finally:
@@ -165,10 +166,8 @@ def test_the_simulated_lab_scales_on_ttft_alone() -> None:
     assert [e["delta"] for e in scaled] == [1]
     assert re.match(r"p99 TTFT \d+ ms > target 1500 ms for 5 s: \+1 \(cold start", scaled[0]["message"]), scaled
     # Before the order the other signals were far from their thresholds (queue 8 per replica, 90%).
-    assert one_replica and all(s["queue_depth"] + s["waiting"] <= 4 for s in one_replica)
-    assert all(
-        s["batch_size"] / s["max_num_seqs"] < 0.9 > s["kv_used_blocks"] / s["kv_total_blocks"] for s in one_replica
-    )
+    assert one_replica and all(s.queue_depth + s.waiting <= 4 for s in one_replica)
+    assert all(s.batch_size / s.max_num_seqs < 0.9 > s.kv_used_blocks / s.kv_total_blocks for s in one_replica)
     # The same load under a target it meets orders nothing: TTFT was the only reason.
     _, scaled = run_sim_lab(60_000, until_s=120.0)
     assert scaled == []

@@ -29,6 +29,7 @@ from engine.serving.load.loadgen_metrics import RequestRecord
 from engine.serving.replicas.replica import replica_pids
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
+from engine.serving.telemetry.snapshot import FleetSnapshot
 from tests.waiting import wait_for
 from web import create_api_app
 
@@ -102,20 +103,20 @@ def defences_on(request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("live").lab.set_levers(dict(BASE) | DEFENCES_ON)
 
 
-def settle(live: Live) -> dict[str, Any]:
+def settle(live: Live) -> FleetSnapshot:
     """Back to the ordinary levers, then wait for the fleet to go idle: nothing queued or
     running, every KV block freed, the one replica process still the only one."""
     live.lab.set_levers(dict(BASE))
     idle = wait_for(lambda: _idle(live.fleet.snapshot()), 90, 0.2)
     snap = live.fleet.snapshot()
-    assert idle, {k: snap[k] for k in ("queue_depth", "running", "waiting", "kv_used_blocks")}
-    assert snap["kv_used_blocks"] == 0
+    assert idle, {k: getattr(snap, k) for k in ("queue_depth", "running", "waiting", "kv_used_blocks")}
+    assert snap.kv_used_blocks == 0
     assert replica_pids(os.getpid()) == live.pids
     return snap
 
 
-def _idle(snap: dict[str, Any]) -> bool:
-    return snap["queue_depth"] == 0 and snap["running"] == 0 and snap["waiting"] == 0 and snap["kv_used_blocks"] == 0
+def _idle(snap: FleetSnapshot) -> bool:
+    return snap.queue_depth == 0 and snap.running == 0 and snap.waiting == 0 and snap.kv_used_blocks == 0
 
 
 def flood(live: Live, levers: dict[str, Any], seconds: float) -> float:
@@ -347,7 +348,7 @@ def test_tokens_made_after_the_client_left_count_as_wasted_in_the_window() -> No
     step()
     step(finished=True)
     assert bus.wasted_tokens == 2 and not bus.gone_requests()
-    assert bus.snapshot()["wasted_tokens_per_s"] == pytest.approx(2 / 30)
+    assert bus.snapshot().wasted_tokens_per_s == pytest.approx(2 / 30)
     clock.advance(31.0)
-    assert bus.snapshot()["wasted_tokens_per_s"] == 0.0  # out of the window; the total stays
+    assert bus.snapshot().wasted_tokens_per_s == 0.0  # out of the window; the total stays
     assert "servelab_wasted_tokens_total 2" in bus.prometheus_text("m")

@@ -75,8 +75,8 @@ def test_scale_in_without_drain_cuts_streams_and_with_drain_finishes_them() -> N
         on_victim = victim.num_in_flight
         assert "killed replica" in fleet.scale_down()
         snap = fleet.snapshot()
-        assert snap["streams_cut_mid_stream"] == on_victim >= 1
-        assert snap["scale_changes_total"] == 1
+        assert snap.streams_cut_mid_stream == on_victim >= 1
+        assert snap.scale_changes_total == 1
         assert f"servelab_streams_cut_mid_stream_total {on_victim}" in fleet.metrics_text()
         tails = {rid: [first[rid], *drain_events(q)] for rid, q in queues.items()}
         cut = [rid for rid, events in tails.items() if isinstance(events[-1], RequestError)]
@@ -94,7 +94,7 @@ def test_scale_in_without_drain_cuts_streams_and_with_drain_finishes_them() -> N
         assert "draining replica" in fleet.scale_down()
         tails = {rid: [first[rid], *drain_events(q)] for rid, q in queues.items()}
         assert all(events[-1].finished and streamed(events) == 100 for events in tails.values())
-        assert fleet.snapshot()["streams_cut_mid_stream"] == on_victim  # nothing more was cut
+        assert fleet.snapshot().streams_cut_mid_stream == on_victim  # nothing more was cut
         # No leak once back on: the survivor holds no KV block, and only its process is left.
         assert wait_for(lambda: not fleet.retiring, 30)
         survivor = fleet.replicas[0]
@@ -163,7 +163,7 @@ def test_with_the_collective_timeout_the_group_fails_loudly_and_is_replaced(hf_r
         print(f"failed after {time.monotonic() - stopped:.1f} s: {tail[-1].message}")
         # Replaced: the autoscaler sees no capacity and a fresh group starts (its load is not waited for).
         assert wait_for(lambda: any(r is not first for r in fleet.replicas), 30)
-        assert fleet.snapshot()["replicas_ordered_total"] >= 1
+        assert fleet.snapshot().replicas_ordered_total >= 1
         assert wait_for(lambda: all(gone(pid) for pid in pids), 10)
     finally:
         auto.stop()
@@ -233,7 +233,7 @@ def test_one_short_window_both_ways_flaps_the_replica_count() -> None:
         try:
             hovering(sim, high=40.0, low=1.0, period_s=30.0, until_s=150.0)  # five swings
             snap = sim.fleet.snapshot()
-            counts[asymmetric] = snap["scale_changes_total"]
+            counts[asymmetric] = snap.scale_changes_total
             sim.stop_traffic()
             sim.loop.run(until=260.0)  # the last requests finish; the flapping leaked nothing
             assert all(r.engine.kv.num_used_blocks == 0 for r in sim.fleet.replicas + sim.fleet.retiring)
@@ -253,7 +253,7 @@ def test_not_counting_starting_replicas_orders_far_beyond_need() -> None:
         )
         try:
             sim.loop.run(until=70.0)  # a spike; the first orders' machines come at 65 s
-            ordered[count_pending] = sim.fleet.snapshot()["replicas_ordered_total"]
+            ordered[count_pending] = sim.fleet.snapshot().replicas_ordered_total
         finally:
             sim.stop()
     print(f"replicas ordered in 70 simulated s (need <= 7): counted {ordered[True]}, not counted {ordered[False]}")
@@ -268,7 +268,7 @@ def test_the_defences_apply_in_place_in_the_simulated_lab() -> None:
         sim.loop.run(until=20.0)
         assert all(r.num_in_flight for r in sim.fleet.replicas)
         assert "killed replica" in sim.fleet.scale_down()
-        assert sim.fleet.snapshot()["streams_cut_mid_stream"] >= 1
+        assert sim.fleet.snapshot().streams_cut_mid_stream >= 1
         sim.apply({"drain_on_scale_in": True, "asymmetric_windows": False, "count_pending": False})
         assert (sim.defences.drain_on_scale_in, sim.defences.asymmetric_windows, sim.defences.count_pending) == (
             True, False, False,

@@ -23,7 +23,7 @@ def stats(queries: int, hits: int, expired: int = 0, expired_prefill: int = 0) -
 
 def test_every_key_is_a_number_before_any_traffic() -> None:
     snap = MetricsBus(VirtualClock()).snapshot()
-    assert all(isinstance(snap[key], (int, float)) and snap[key] == 0 for key in KEYS)
+    assert all(isinstance(getattr(snap, key), (int, float)) and getattr(snap, key) == 0 for key in KEYS)
 
 
 def test_prefix_hit_rate_is_over_the_window_only() -> None:
@@ -31,12 +31,12 @@ def test_prefix_hit_rate_is_over_the_window_only() -> None:
     bus = MetricsBus(clock)
     bus.observe(StepMessage(0, clock.now(), stats=stats(1000, 900)))
     bus.observe(StepMessage(1, clock.now(), stats=stats(1000, 100)))
-    assert bus.snapshot()["prefix_hit_rate"] == 0.5  # both replicas: 1,000 of 2,000 tokens
+    assert bus.snapshot().prefix_hit_rate == 0.5  # both replicas: 1,000 of 2,000 tokens
     clock.advance(WINDOW_S + 1)
     bus.observe(StepMessage(0, clock.now(), stats=stats(2000, 900)))  # 1,000 more, none found
-    assert bus.snapshot()["prefix_hit_rate"] == 0.0
+    assert bus.snapshot().prefix_hit_rate == 0.0
     bus.forget(0)  # a retired replica's totals stay counted: the rate does not jump
-    assert bus.snapshot()["prefix_hit_rate"] == 0.0
+    assert bus.snapshot().prefix_hit_rate == 0.0
 
 
 def test_ttft_tail_and_deadline_counters() -> None:
@@ -47,7 +47,7 @@ def test_ttft_tail_and_deadline_counters() -> None:
         bus.observe(StepMessage(0, 0.1, [TokenDelta(f"r{i}", [1], "", False, None, 4, 0, times, True)]))
     bus.observe(StepMessage(0, 0.2, stats=stats(0, 0, expired=3, expired_prefill=480)))
     snap = bus.snapshot(rejected={"deadline": 2})
-    assert snap["ttft_max"] == 5.0 + 999 and snap["ttft_p999"] == 5.0 + 998 and snap["ttft_p50"] == 0.1
-    assert snap["expired_prefill_tokens"] == 480
-    assert snap["rejected"]["deadline"] == 2 + 3  # the router's, and the replicas' own drops
+    assert snap.ttft_max == 5.0 + 999 and snap.ttft_p999 == 5.0 + 998 and snap.ttft_p50 == 0.1
+    assert snap.expired_prefill_tokens == 480
+    assert snap.rejected["deadline"] == 2 + 3  # the router's, and the replicas' own drops
     assert "servelab_expired_prefill_tokens_total 480" in bus.prometheus_text("m")

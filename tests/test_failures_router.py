@@ -152,7 +152,7 @@ def test_central_queue_off_a_request_waits_behind_a_long_prefill(fleet: Fleet) -
 
         def watch() -> None:
             while not done.wait(0.03):
-                depths.append(max(fleet.snapshot()["replica_queue_depths"], default=0))
+                depths.append(max(fleet.snapshot().replica_queue_depths, default=0))
 
         watcher = threading.Thread(target=watch)
         watcher.start()
@@ -212,7 +212,7 @@ def test_prefix_aware_routing_off_halves_the_hit_rate(fleet: Fleet) -> None:
     assert blind_rate <= 0.65 * aware_rate  # each replica computes each preamble for itself
     assert ratio(blind_ttft, aware_ttft) >= 1.3
     snap = fleet.snapshot()
-    assert isinstance(snap["prefix_hit_rate"], float) and 0.0 < snap["prefix_hit_rate"] < 1.0
+    assert isinstance(snap.prefix_hit_rate, float) and 0.0 < snap.prefix_hit_rate < 1.0
 
 
 def test_chunked_prefill_off_running_streams_stall_on_a_long_prompt(fleet: Fleet) -> None:

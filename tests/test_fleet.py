@@ -11,25 +11,26 @@ from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import TokenDelta
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
+from engine.serving.telemetry.snapshot import FleetSnapshot
 
 
 def test_snapshots_stream_and_drain_finishes_in_flight_work() -> None:
     fleet = Fleet(EngineConfig(dtype="bfloat16"), RouterConfig(), FleetConfig(replicas=1, drain_timeout_s=60))
     try:
         assert fleet.wait_ready() and fleet.ready
-        snapshots: list[dict] = []
+        snapshots: list[FleetSnapshot] = []
         fleet.subscribe(snapshots.append)
         events = fleet.submit("live-1", [500] * 40, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), None)
         deadline = time.monotonic() + 30  # a busy machine may be slow to run the first step
-        while not any(s["running"] == 1 for s in snapshots) and time.monotonic() < deadline:
+        while not any(s.running == 1 for s in snapshots) and time.monotonic() < deadline:
             time.sleep(0.05)
         before = len(snapshots)
         time.sleep(1.0)
         assert len(snapshots) - before >= 5  # the live stream's promise: at least 5 a second
         assert {"time", "queue_depth", "running", "kv_used_blocks", "ttft_p99", "tokens_per_s", "replicas"} <= set(
-            snapshots[-1]
+            snapshots[-1].to_json()
         )
-        assert any(s["running"] == 1 for s in snapshots)
+        assert any(s.running == 1 for s in snapshots)
         drainer = threading.Thread(target=fleet.drain_and_stop)
         drainer.start()
         tokens = 0

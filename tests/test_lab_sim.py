@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
 import pytest
 
@@ -15,6 +14,7 @@ from engine.lab.envelope import bottlenecks
 from engine.lab.simulated.lab_check import badge, check_sim, model_label
 from engine.lab.simulated.lab_sim import SimLab
 from engine.levers import LEVERS, validate_levers
+from engine.serving.telemetry.snapshot import FleetSnapshot
 from engine.sim.devices import DEVICE_NAMES
 from engine.sim.models import MODEL_NAMES
 
@@ -26,7 +26,7 @@ SEVENTY_B = DEFAULTS | {
 }
 
 
-def run_for(lab: SimLab, seconds: float) -> dict[str, Any]:
+def run_for(lab: SimLab, seconds: float) -> FleetSnapshot:
     """Run the simulated fleet `seconds` of simulated time; its newest snapshot."""
     lab.loop.run(until=lab.clock.now() + seconds)
     assert lab._latest is not None
@@ -72,15 +72,15 @@ def test_the_simulated_fleet_serves_open_ended_traffic_through_the_live_snapshot
     lab = SimLab(SEVENTY_B, lambda snap: None)
     lab.start_traffic()
     snap = run_for(lab, 8.0)
-    assert snap["time"] == pytest.approx(8.0, abs=0.2)  # simulated seconds
+    assert snap.time == pytest.approx(8.0, abs=0.2)  # simulated seconds
     for key in ("queue_depth", "running", "kv_used_blocks", "kv_total_blocks", "ttft_p99", "itl_p50",
                 "tokens_per_s", "replicas", "batch_size", "max_num_seqs", "rejected", "preempted"):
-        assert key in snap
-    assert snap["running"] > 0 and snap["tokens_per_s"] > 0 and snap["ttft_p99"] is not None
+        assert key in snap.to_json()
+    assert snap.running > 0 and snap.tokens_per_s > 0 and snap.ttft_p99 is not None
     assert lab.finished > 100 and lab.sent >= 300  # about 50 req/s for 8 s
-    assert snap["allreduce_ms"] > 0  # TP8: the cost model's all-reduces
+    assert snap.allreduce_ms > 0  # TP8: the cost model's all-reduces
     facts = lab.facts()
-    weights = next(r for r in bottlenecks(lab.levers, facts, snap) if r["key"] == "weights")
+    weights = next(r for r in bottlenecks(lab.levers, facts, snap.to_json()) if r["key"] == "weights")
     assert weights["text"].startswith("17.6 GB of weights per device, on each of 8")
     kinds = {e["kind"] for e in lab.events.recent(limit=2000)}
     assert {"admitted", "finished"} <= kinds
@@ -98,8 +98,8 @@ def test_levers_apply_in_place_or_call_for_a_new_fleet() -> None:
     lab.start_traffic()
     snap = run_for(lab, 3.0)
     assert all(r.config.max_num_seqs == 32 for r in lab.fleet.replicas)
-    assert snap["max_num_seqs"] == 32 and snap["running"] <= 32
-    assert lab.fleet.router.config.queue_cap == 8 and snap["rejected"].get("queue_full", 0) > 0
+    assert snap.max_num_seqs == 32 and snap.running <= 32
+    assert lab.fleet.router.config.queue_cap == 8 and snap.rejected.get("queue_full", 0) > 0
 
 
 def test_a_prefill_decode_split_runs_two_pools_with_one_event_log() -> None:
@@ -109,20 +109,20 @@ def test_a_prefill_decode_split_runs_two_pools_with_one_event_log() -> None:
     assert lab.autoscaler is None and lab.decode_fleet is not None
     lab.start_traffic()
     snap = run_for(lab, 10.0)
-    assert snap["replicas"].get("ready") == 4  # two prefill and two decode replicas of TP4
-    assert snap["ttft_p99"] is not None and snap["itl_p50"] is not None and lab.finished > 10
+    assert snap.replicas.get("ready") == 4  # two prefill and two decode replicas of TP4
+    assert snap.ttft_p99 is not None and snap.itl_p50 is not None and lab.finished > 10
     assert lab.decode_fleet.events is lab.fleet.events
 
 
 def test_the_pacer_streams_at_least_five_snapshots_a_second_and_stops_for_good() -> None:
-    got: list[dict[str, Any]] = []
+    got: list[FleetSnapshot] = []
     lab = SimLab(SEVENTY_B, got.append)
     lab.start_traffic()
     lab.start()
     time.sleep(2.0)
     lab.stop()
     assert len(got) >= 10  # 1x: the fleet's 6 a second of simulated time
-    assert 1.5 <= got[-1]["time"] <= 2.5  # simulated time keeps pace with the wall clock at 1x
+    assert 1.5 <= got[-1].time <= 2.5  # simulated time keeps pace with the wall clock at 1x
     assert not lab.running and not any(t.name == "sim-pacer" for t in threading.enumerate())
     count = len(got)
     time.sleep(0.5)
@@ -139,6 +139,6 @@ def test_every_evolution_card_runs_at_scale_and_the_first_one_queues() -> None:
     # One H100 serving Llama-3.1-8B one request at a time: 2 req/s of 200-token answers queue up.
     lab = SimLab(base | EVOLUTION[0]["sim_levers"] | {"queue_cap": 1000}, lambda snap: None)
     lab.start_traffic()
-    early = run_for(lab, 10.0)["queue_depth"]
+    early = run_for(lab, 10.0).queue_depth
     late = run_for(lab, 20.0)
-    assert late["running"] <= 1 and late["queue_depth"] > early > 0
+    assert late.running <= 1 and late.queue_depth > early > 0

@@ -40,10 +40,10 @@ def test_latencies_counters_and_prometheus_names() -> None:
     # Replicas by state come from their owner (the fleet): a killed replica sends no message.
     states = {"ready": 1, "draining": 1}
     snap = bus.snapshot(queue_depth=4, rejected={"queue_full": 2}, replicas=states)
-    assert snap["running"] == 2 and snap["kv_used_blocks"] == 30 and snap["queue_depth"] == 4
-    assert snap["ttft_p50"] == 0.25 and snap["ttft_p99"] == 0.5 and snap["itl_p99"] == 0.25
-    assert snap["queue_time_p50"] == 0.125 and snap["queue_time_p99"] == 0.25
-    assert snap["replicas"] == {"ready": 1, "draining": 1}
+    assert snap.running == 2 and snap.kv_used_blocks == 30 and snap.queue_depth == 4
+    assert snap.ttft_p50 == 0.25 and snap.ttft_p99 == 0.5 and snap.itl_p99 == 0.25
+    assert snap.queue_time_p50 == 0.125 and snap.queue_time_p99 == 0.25
+    assert snap.replicas == {"ready": 1, "draining": 1}
     text = bus.prometheus_text("smollm2", queue_depth=4, rejected={"queue_full": 2}, replicas=states)
     assert 'vllm:num_requests_running{model_name="smollm2"} 2' in text
     assert 'vllm:num_requests_waiting{model_name="smollm2"} 5' in text

@@ -166,7 +166,7 @@ def test_levers_the_remote_owns_are_refused_by_name() -> None:
             lab.set_levers({"executor": "sim"})
         assert err.value.param == "executor"
         result = lab.set_levers({"request_rate": 3, "stream_flush": False, "max_num_seqs": lab.levers["max_num_seqs"]})
-        assert result["changed"] == {"request_rate": 3.0, "stream_flush": False}
+        assert result.changed == {"request_rate": 3.0, "stream_flush": False}
         assert lab.proxy_settings().stream_flush is False
         assert set(lab.readonly()) == {k for k in lab.levers if k not in (*REMOTE_LEVERS, "executor")}
     finally:

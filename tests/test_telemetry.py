@@ -54,7 +54,7 @@ def test_a_request_that_waited_in_the_queue_reports_ttft_at_least_the_wait() -> 
     assert central.total == pytest.approx(wait)
     assert bus.histograms["e2e_request_latency_seconds"].total == pytest.approx(wait + 0.5)
     snap = bus.snapshot()
-    assert snap["ttft_p50"] >= wait and snap["queue_time_p50"] == pytest.approx(wait)
+    assert snap.ttft_p50 >= wait and snap.queue_time_p50 == pytest.approx(wait)
     assert engine.kv.num_used_blocks == 0
 
 

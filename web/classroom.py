@@ -174,7 +174,7 @@ class ClassRegistry:
             # Each page takes its own "before" now and its "after" settle_s later, then shows the answer.
             applied = {"card": card, "correct": cls.predict.correct}
             self.live.socketio.emit("class_applied", applied, namespace=NAMESPACE, to=self._room_sids(cls))
-            return {"levers": result.get("levers")}
+            return {"levers": result.levers}
         raise ServingError(400, "action must be ask or apply", "action")
 
     def on_answer(self, sid: str, data: dict[str, Any]) -> dict[str, Any]:

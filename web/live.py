@@ -27,7 +27,7 @@ from flask import request
 from flask_socketio import SocketIO
 
 from engine.errors import InvalidParamError, ServingError
-from engine.lab.facade import LabFacade
+from engine.lab.facade import Executor, LabFacade, Reading
 from web.evolution import EVOLUTION
 from web.lessons import LessonLibrary
 
@@ -63,19 +63,19 @@ class LiveChannel:
 
     # server -> browsers --------------------------------------------------------------------------
 
-    def publish(self, snap: dict[str, Any]) -> None:
+    def publish(self, reading: Reading) -> None:
         """From the fleet's snapshot thread: metrics to every browser, then the new events."""
         if not self._tick_lock.acquire(blocking=False):
             return  # the previous tick is still sending: skip rather than pile up
         try:
-            view = self.lab.snapshot(snap)
+            view = self.lab.snapshot(reading)
             self.socketio.emit("metrics", view, namespace=NAMESPACE)
-            self._publish_trace(snap["time"], view["run"])
+            self._publish_trace(view["time"], view["run"])
             log = self.lab.events
             if log is not self._log:  # the executor switched: a simulated fleet's log is read whole
-                self._log, self._cursor = log, 0 if view["executor"] == "sim" else log.next_seq
+                self._log, self._cursor = log, 0 if view["executor"] == Executor.SIM else log.next_seq
             events, self._cursor = log.since(self._cursor, limit=10_000)
-            simulated = view["executor"] == "sim"
+            simulated = view["executor"] == Executor.SIM
             for event in events[:EVENTS_PER_TICK]:
                 self.socketio.emit("event", event | {"sim": simulated}, namespace=NAMESPACE)
             if len(events) > EVENTS_PER_TICK:
@@ -84,7 +84,7 @@ class LiveChannel:
                     kinds[event["kind"]] = kinds.get(event["kind"], 0) + 1
                 summary = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
                 self.socketio.emit(
-                    "event", {"kind": "summary", "time": snap["time"], "message": f"and {summary}", "sim": simulated},
+                    "event", {"kind": "summary", "time": view["time"], "message": f"and {summary}", "sim": simulated},
                     namespace=NAMESPACE,
                 )
         finally:
@@ -138,11 +138,14 @@ class LiveChannel:
             listener(sid)
 
     def on_set_levers(self, data: Any) -> dict[str, Any]:
-        return self._guarded(lambda: self.lab.set_levers(data if isinstance(data, dict) else None, "a learner"))  # type: ignore[arg-type]
+        changes = data if isinstance(data, dict) else None
+        return self._guarded(lambda: self.lab.set_levers(changes, "a learner").to_json())  # type: ignore[arg-type]
 
     def on_flood(self, data: Any) -> dict[str, Any]:
         data = data if isinstance(data, dict) else {}
-        return self._guarded(lambda: self.lab.flood(data.get("action", ""), data.get("to"), data.get("over_s", 30.0)))
+        return self._guarded(
+            lambda: self.lab.flood(data.get("action", ""), data.get("to"), data.get("over_s", 30.0)).to_json()
+        )
 
     def on_hang_rank(self, data: Any) -> dict[str, Any]:
         data = data if isinstance(data, dict) else {}
@@ -167,10 +170,10 @@ class LiveChannel:
             raise ServingError(400, f"index must be 0 to {len(cards) - 1}", "index")
         card = cards[index]
         # Simulated, a card runs its experiment at scale where it has one (web/evolution.py).
-        at_scale = self.lab.executor == "sim" and bool(card.get("sim_levers"))
+        at_scale = self.lab.executor == Executor.SIM and bool(card.get("sim_levers"))
         result = self.lab.set_levers(card["sim_levers" if at_scale else "levers"], source=f"scenario '{card['title']}'")
         watch = card.get("sim_watch") if at_scale else None
-        return result | {"title": card["title"], "watch": watch or card.get("watch") or card.get("expect")}
+        return result.to_json() | {"title": card["title"], "watch": watch or card.get("watch") or card.get("expect")}
 
     def _guarded(self, action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:

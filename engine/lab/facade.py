@@ -5,11 +5,66 @@ SGLang or ServeLab server driven and watched from outside). The web layer never 
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine.lab.flood import FloodState
 from engine.serving.telemetry.events import EventLog
+from engine.serving.telemetry.snapshot import FleetSnapshot
 from engine.serving.telemetry.traces import RequestTraces
+
+# What a lab publishes several times a second and takes back in snapshot(): a FleetSnapshot from
+# a fleet of ours (live or simulated); a remote server's readings, already in the stream's keys
+# (engine/lab/remote/remote_metrics.py: a key the remote does not expose is None, named in `missing`).
+Reading = FleetSnapshot | dict[str, Any]
+
+
+
+class Executor(enum.StrEnum):
+    """What the stream's snapshots come from (the `executor` lever's values, and a remote lab's)."""
+
+    LIVE = "live"  # ServeLab's own engine on this machine
+    SIM = "sim"  # the simulated fleet on the what-if executor's clock
+    REMOTE = "remote"  # an existing server the lab drives from outside
+
+
+class LabStatus(enum.StrEnum):
+    """The header's word for a lab's state (the pages' status dot takes it as its CSS class)."""
+
+    STARTING = "starting"
+    SERVING = "serving"
+    REBUILDING = "rebuilding"  # a lever that needs new replicas is being applied
+    FAILED = "failed"  # no replica became ready
+    SIMULATING = "simulating"
+    # A remote lab's (engine/lab/remote/remote_lab.py)
+    CONNECTING = "connecting"
+    UNREACHABLE = "unreachable"
+    NOT_OPENAI = "not OpenAI-compatible"
+    REFUSED = "refused"
+    SERVING_WITHOUT_METRICS = "serving (no metrics)"
+
+
+@dataclass(frozen=True)
+class LeverChange:
+    """What a set_levers did: the levers whose values changed, whether replicas are rebuilt for
+    them, and every lever's value now. Each lab's set_levers is the same path: validate_levers,
+    the lab's own check (nothing applies if it refuses), apply, announce, this."""
+
+    changed: dict[str, Any]
+    rebuild: bool
+    levers: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"changed": dict(self.changed), "rebuild": self.rebuild, "levers": dict(self.levers)}
+
+
+def announce(events: EventLog, source: str, changed: dict[str, Any], how: str) -> None:
+    """A lever change in the event timeline: who moved what, and how it applied."""
+    if changed:
+        text = ", ".join(f"{k}={v}" for k, v in changed.items())
+        events.emit("config", f"{source}: {text} ({how})", levers=changed)
 
 
 class LabFacade(Protocol):
@@ -28,19 +83,20 @@ class LabFacade(Protocol):
         ...
 
     @property
-    def executor(self) -> str:
-        """ "live", "sim" or "remote": what the stream's snapshots come from."""
+    def executor(self) -> Executor:
+        """What the stream's snapshots come from."""
         ...
 
-    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
-        """callback(snapshot), several times a second, for the live stream."""
+    def subscribe(self, callback: Callable[[Reading], None]) -> None:
+        """callback(reading), several times a second, for the live stream (web/live.py hands it
+        back to snapshot())."""
         ...
 
-    def set_levers(self, changes: dict[str, Any], source: str = "lab") -> dict[str, Any]:
+    def set_levers(self, changes: dict[str, Any], source: str = "lab") -> LeverChange:
         """Validate and apply; InvalidParamError / ServingError naming the lever otherwise."""
         ...
 
-    def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> dict[str, Any]:
+    def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> FloodState:
         """The lab's traffic: start, ramp or stop."""
         ...
 
@@ -58,8 +114,8 @@ class LabFacade(Protocol):
         how many were cancelled."""
         ...
 
-    def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
-        """A metrics snapshot plus the lab's view of it, as the stream sends it."""
+    def snapshot(self, reading: Reading) -> dict[str, Any]:
+        """A reading the lab published plus the lab's view of it: the stream's `metrics` payload."""
         ...
 
     def stop(self) -> None: ...

@@ -20,21 +20,6 @@ LIVE_MAX = {
 }
 
 
-def check_ramp(ramp_to: object, ramp_s: object, most: float = FLOOD_MAX_RATE) -> None:
-    """A flood's ramp: a target rate in (0, most] over [0, 600] s, else InvalidParamError."""
-    if not isinstance(ramp_to, (int, float)) or isinstance(ramp_to, bool) or not 0 < ramp_to <= most:
-        raise InvalidParamError("to", f"the ramp's target rate must be in (0, {most:g}] req/s")
-    if not isinstance(ramp_s, (int, float)) or not 0 <= ramp_s <= 600:
-        raise InvalidParamError("over_s", "the ramp's duration must be in [0, 600] s")
-
-
-def replica_bounds(levers: dict[str, Any]) -> tuple[int, int]:
-    """(fewest, most) serving replicas: the autoscaler's bounds, the most held to the device
-    budget (gpu_count // tensor_parallel), and never below one."""
-    most = max(1, min(int(levers["max_replicas"]), int(levers["gpu_count"]) // int(levers["tensor_parallel"])))
-    return max(1, min(int(levers["min_replicas"]), most)), most
-
-
 def live_devices(device: str) -> int:
     """What `gpu_count` may reach live: CUDA devices on a GPU machine, else this process's cores."""
     if device.startswith("cuda"):

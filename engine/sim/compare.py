@@ -28,6 +28,7 @@ from engine.sim.devices import DEVICE_NAMES
 from engine.sim.models import MODEL_NAMES
 from engine.sim.presets import PRESETS
 from engine.sim.run import SimSpec, simulate
+from engine.sim.spec import LEVER_FIELDS, spec_fields
 from engine.sim.workload import SimRequest
 
 MAX_REQUESTS = 4000  # per side: with the bound below, one A/B returns in seconds on 2 cores
@@ -46,10 +47,13 @@ class Field:
 
     key: str
     kind: type
-    spec_field: str
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[Any, ...] = ()
+
+    @property
+    def spec_field(self) -> str:
+        return LEVER_FIELDS[self.key]
 
     @property
     def flag(self) -> str:
@@ -94,40 +98,40 @@ class Field:
 
 
 TRAFFIC_FIELDS = {f.key: f for f in (
-    Field("request_rate", float, "rate", 0.01, 10000),
-    Field("prompt_tokens", int, "input_tokens", 1, 131072),
-    Field("output_tokens", int, "output_tokens", 1, 131072),
-    Field("input_range_ratio", float, "input_range_ratio", 0, 0.99),
-    Field("burstiness", float, "burstiness", 0.1, 10),
-    Field("burst_factor", float, "burst_factor", 0.1, 100),
-    Field("burst_at_s", float, "burst_at_s", 0, 86400),
-    Field("burst_s", float, "burst_s", 0, 86400),
-    Field("num_requests", int, "num_requests", 1, MAX_REQUESTS),
-    Field("seed", int, "seed", 0, 2**31 - 1),
-    Field("ttft_target_ms", float, "ttft_slo_ms", 1, 600000),
+    Field("request_rate", float, 0.01, 10000),
+    Field("prompt_tokens", int, 1, 131072),
+    Field("output_tokens", int, 1, 131072),
+    Field("input_range_ratio", float, 0, 0.99),
+    Field("burstiness", float, 0.1, 10),
+    Field("burst_factor", float, 0.1, 100),
+    Field("burst_at_s", float, 0, 86400),
+    Field("burst_s", float, 0, 86400),
+    Field("num_requests", int, 1, MAX_REQUESTS),
+    Field("seed", int, 0, 2**31 - 1),
+    Field("ttft_target_ms", float, 1, 600000),
 )}  # fmt: skip
 SIDE_FIELDS = {f.key: f for f in (
-    Field("model", str, "model", choices=MODEL_NAMES),
-    Field("device", str, "device", choices=DEVICE_NAMES),
-    Field("gpu_count", int, "gpus", 1, 512),
-    Field("tensor_parallel", int, "tp", choices=(1, 2, 4, 8)),
-    Field("weight_dtype", str, "dtype", choices=WEIGHT_DTYPES),
-    Field("kv_dtype", str, "kv_dtype", choices=KV_DTYPES),
-    Field("prefill_gpus", int, "prefill_gpus", 0, 512),  # 0 with decode_gpus 0: colocated
-    Field("decode_gpus", int, "decode_gpus", 0, 512),
-    Field("max_num_seqs", int, "max_num_seqs", 1, 4096),
-    Field("max_batched_tokens", int, "max_batched_tokens", 16, 131072),
-    Field("paged", bool, "paged"),
-    Field("block_size", int, "block_size", choices=(8, 16, 32, 64, 128)),
-    Field("prefix_caching", bool, "prefix_caching"),
-    Field("kv_budget_mb", float, "kv_budget_mb", 1, 10_000_000),
-    Field("queue_cap", int, "queue_cap", 1, 1_000_000),
-    Field("deadline_s", float, "deadline_s", 0.1, 86400),
-    Field("autoscale", bool, "autoscale"),
-    Field("min_replicas", int, "min_replicas", 1, 512),
-    Field("max_replicas", int, "max_replicas", 1, 512),
-    Field("warm_pool", int, "warm_pool", 0, 512),
-    Field("provision_delay_s", float, "provision_delay_s", 0, 86400),
+    Field("model", str, choices=MODEL_NAMES),
+    Field("device", str, choices=DEVICE_NAMES),
+    Field("gpu_count", int, 1, 512),
+    Field("tensor_parallel", int, choices=(1, 2, 4, 8)),
+    Field("weight_dtype", str, choices=WEIGHT_DTYPES),
+    Field("kv_dtype", str, choices=KV_DTYPES),
+    Field("prefill_gpus", int, 0, 512),  # 0 with decode_gpus 0: colocated
+    Field("decode_gpus", int, 0, 512),
+    Field("max_num_seqs", int, 1, 4096),
+    Field("max_batched_tokens", int, 16, 131072),
+    Field("paged", bool),
+    Field("block_size", int, choices=(8, 16, 32, 64, 128)),
+    Field("prefix_caching", bool),
+    Field("kv_budget_mb", float, 1, 10_000_000),
+    Field("queue_cap", int, 1, 1_000_000),
+    Field("deadline_s", float, 0.1, 86400),
+    Field("autoscale", bool),
+    Field("min_replicas", int, 1, 512),
+    Field("max_replicas", int, 1, 512),
+    Field("warm_pool", int, 0, 512),
+    Field("provision_delay_s", float, 0, 86400),
 )}  # fmt: skip
 PRICE = LEVERS["gpu_hour_usd"]  # per side: two device kinds have two prices
 DEFAULT_TRAFFIC: dict[str, Any] = {
@@ -163,13 +167,7 @@ class Experiment:
     def spec(self, name: str) -> SimSpec:
         """The side's SimSpec: the traffic's fields and the side's, over SimSpec's own defaults."""
         side: Side = getattr(self, name)
-        values: dict[str, Any] = {}
-        for key, value in self.traffic.items():
-            values[TRAFFIC_FIELDS[key].spec_field] = value
-        for key, value in side.levers.items():
-            values[SIDE_FIELDS[key].spec_field] = value
-        if values.get("prefill_gpus") == 0 and values.get("decode_gpus", 0) == 0:
-            values.pop("prefill_gpus"), values.pop("decode_gpus", None)  # colocated
+        values = spec_fields(self.traffic | side.levers, (*self.traffic, *side.levers))
         if "kv_dtype" not in values:  # the CLI's rule: the KV cache in the weights' dtype, fp4 keeps bf16
             values["kv_dtype"] = "bf16" if values.get("dtype", "bf16") == "fp4" else values.get("dtype", "bf16")
         return SimSpec(**values, timeline=True, timeline_s=TIMELINE_S)
@@ -248,7 +246,7 @@ def _field(table: dict[str, Field], key: str, where: str) -> Field:
 
 
 def _number(value: Any, where: str) -> float:
-    return Field(where, float, "", PRICE.minimum, PRICE.maximum).coerce(value, where)
+    return Field(where, float, PRICE.minimum, PRICE.maximum).coerce(value, where)
 
 
 # running ---------------------------------------------------------------------------------------

@@ -12,17 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from engine.clock import stopwatch
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.serving.routing.router import AdmissionError, RouterConfig
 from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
+from engine.serving.telemetry.snapshot import FleetSnapshot
+from engine.sim.assembly import sim_fleet
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, replica_figures, summarize, take_errors
-from engine.sim.runner import sim_executor
 from engine.sim.spec import SimSpec
 from engine.sim.workload import SimRequest
 
@@ -49,30 +48,16 @@ def simulate_fleet(
     streams: dict[str, Any] = {}
     made: list[SimReplica] = []  # every replica the fleet ever started, retired ones too
     load_s = dep.weight_bytes / dep.tp / spec.storage_bw
-    booting = [True]  # the first replicas and pool are loaded before the run begins
 
     def finished(seq: Any) -> None:
         rec.finish(seq)
         streams.pop(seq.request_id, None)
 
-    def new_replica(
-        replica_id: int, cfg: EngineConfig, cores: list[int] | None = None,
-        on_message: Any = None,
-    ) -> SimReplica:
-        replica = SimReplica(
-            replica_id, LLMEngine(cfg, clock, sim_executor(dep, cfg)), loop, finished,
-            load_s=0.0 if booting[0] else load_s, on_message=on_message, record_steps=False,
-        )
-        made.append(replica)
-        return replica
-
     router_config = RouterConfig(queue_cap=spec.queue_cap or max(1, spec.num_requests), deadline_s=spec.deadline_s)
     fleet_config = FleetConfig(fewest, warm_pool=spec.warm_pool, provision_delay_s=spec.provision_delay_s)
-    fleet = Fleet(
-        config, router_config, fleet_config, new_replica, clock, driver=loop,
-        model=(dep.model.name, dep.model.cfg.max_position),
+    fleet = sim_fleet(
+        dep, config, router_config, fleet_config, loop, finished, load_s=load_s, record_steps=False, made=made
     )
-    booting[0] = False
     auto = Autoscaler(
         fleet, AutoscalerConfig(min_replicas=fewest, max_replicas=most, **(autoscaler_settings or {})), clock
     )
@@ -84,24 +69,23 @@ def simulate_fleet(
     scale: list[dict[str, Any]] = []
     cursor = [0]
 
-    def record(snap: dict[str, Any]) -> None:
+    def record(snap: FleetSnapshot) -> None:
         # The event log keeps the latest 2000 events: the scale ones are read off as they come.
         events, cursor[0] = fleet.events.since(cursor[0], limit=10_000)
         scale.extend(
             {"t": round(e["time"], 3), "delta": e["delta"], "message": e["message"]}
             for e in events if e["kind"] == "scale" and e["delta"]
         )
-        now = snap["time"]
+        now = snap.time
         if timeline and now - timeline[-1]["t"] < spec.timeline_s - 1e-9:
             return
         tokens = sum(r.tokens_out for r in made)
         span = now - tokens_seen[0]
         timeline.append({
-            "t": round(now, 3), "replicas": snap["replicas"], "queue_depth": snap["queue_depth"],
-            "running": snap["running"], "kv_used_blocks": snap["kv_used_blocks"],
-            "kv_total_blocks": snap["kv_total_blocks"],
+            "t": round(now, 3), "replicas": dict(snap.replicas), "queue_depth": snap.queue_depth,
+            "running": snap.running, "kv_used_blocks": snap.kv_used_blocks, "kv_total_blocks": snap.kv_total_blocks,
             "output_tok_s": (tokens - tokens_seen[1]) / span if span > 0 else 0.0,
-            "ttft_p50_s": snap["ttft_p50"], "ttft_p99_s": snap["ttft_p99"],
+            "ttft_p50_s": snap.ttft_p50, "ttft_p99_s": snap.ttft_p99,
         })
         tokens_seen[:] = [now, tokens]
 

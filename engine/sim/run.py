@@ -13,12 +13,11 @@ from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
 from engine.serving.routing.router import AdmissionError, Router, RouterConfig
 from engine.serving.telemetry.events import EventLog
-from engine.sim import constants as C
+from engine.sim.assembly import kv_transfer_s, sim_replica
 from engine.sim.fleet_run import simulate_fleet
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, replica_figures, summarize, take_errors
-from engine.sim.runner import sim_executor
 from engine.sim.spec import SimSpec
 from engine.sim.workload import SimRequest
 
@@ -38,16 +37,13 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
     if spec.ttft_slo_ms is not None or spec.tpot_slo_ms is not None:
         rec.slo_s = ((spec.ttft_slo_ms or float("inf")) / 1000, (spec.tpot_slo_ms or float("inf")) / 1000)
 
-    from engine.llm_engine import LLMEngine
-
     streams: dict[str, Any] = {}
     first_tokens: dict[str, float] = {}  # disaggregated: the prefill replica's token time
 
     def new_replica(i: int, on_finished: Any, transfer: Any = None) -> SimReplica:
         # A decode replica finds the KV it is handed through its prefix cache (import_prefix).
         cfg = config if transfer is None else config.replace(prefix_caching=True)
-        engine = LLMEngine(cfg, clock, sim_executor(dep, cfg))
-        return SimReplica(i, engine, loop, on_finished, transfer, record_steps=False)  # headless: nothing draws steps
+        return sim_replica(i, cfg, dep, loop, on_finished, transfer, record_steps=False)  # headless: nothing draws steps
 
     def new_router(pool: list[SimReplica], cap: int | None) -> Router:
         router_config = RouterConfig(
@@ -66,11 +62,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         decode_router = None
     else:
         assert spec.decode_gpus is not None
-        link = C.INTER_NODE_BW if spec.gpus > dep.device.gpus_per_node else dep.device.link_bw
-        per_token = dep.kv_bytes_per_token  # each GPU of the prefill group sends its shard to its peer
-
-        def transfer_s(tokens: int) -> float:
-            return tokens * per_token / link
+        transfer_s = kv_transfer_s(dep, spec.gpus)
 
         def decoded(seq: Any) -> None:
             rec.finish(seq, (first_tokens.pop(seq.request_id),))

@@ -4,7 +4,9 @@ what cannot run with a SimConfigError that names the flag (engine/sim/run.py run
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.levers import LEVERS
@@ -13,6 +15,35 @@ from engine.sim.deployment import Deployment, SimConfigError
 from engine.sim.devices import get_device
 from engine.sim.models import get_model
 from engine.sim.workload import Burst, SimRequest, make_workload
+
+# The one lever -> simulator mapping: a lever's key (engine/levers.py; an A/B experiment's keys
+# are the same names) and the SimSpec field it sets. The simulated lab, predict-then-run and A/B
+# all build their SimSpec through spec_fields; each names the levers that apply to it.
+LEVER_FIELDS: dict[str, str] = {
+    "model": "model", "device": "device", "gpu_count": "gpus", "tensor_parallel": "tp", "weight_dtype": "dtype",
+    "kv_dtype": "kv_dtype", "prompt_tokens": "input_tokens", "output_tokens": "output_tokens",
+    "input_range_ratio": "input_range_ratio", "request_rate": "rate", "burstiness": "burstiness",
+    "burst_factor": "burst_factor", "burst_at_s": "burst_at_s", "burst_s": "burst_s", "num_requests": "num_requests",
+    "seed": "seed", "ttft_target_ms": "ttft_slo_ms", "prefill_gpus": "prefill_gpus", "decode_gpus": "decode_gpus",
+    "max_num_seqs": "max_num_seqs", "max_batched_tokens": "max_batched_tokens", "paged": "paged",
+    "block_size": "block_size", "prefix_caching": "prefix_caching", "kv_budget_mb": "kv_budget_mb",
+    "queue_cap": "queue_cap", "deadline_s": "deadline_s", "autoscale": "autoscale", "min_replicas": "min_replicas",
+    "max_replicas": "max_replicas", "warm_pool": "warm_pool", "provision_delay_s": "provision_delay_s",
+}  # fmt: skip
+
+
+def spec_fields(levers: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    """SimSpec's keyword arguments from lever values: each of `keys` that `levers` holds, under
+    its field's name, in the lever's type. Prefill and decode pools of 0 and 0 are colocated (no
+    split), as the levers mean them."""
+    out: dict[str, Any] = {}
+    for key in keys:
+        if key in levers:
+            value, lever = levers[key], LEVERS.get(key)
+            out[LEVER_FIELDS[key]] = value if lever is None or value is None else lever.kind(value)
+    if not out.get("prefill_gpus") and not out.get("decode_gpus"):
+        out.pop("prefill_gpus", None), out.pop("decode_gpus", None)
+    return out
 
 
 @dataclass

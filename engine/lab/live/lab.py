@@ -27,11 +27,14 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.config import IN_PLACE_FIELDS, EngineConfig
-from engine.errors import InvalidParamError, ServingError
+from engine.errors import ServingError
 from engine.lab.envelope import MB, bottlenecks, envelope
+from engine.lab.facade import Executor, LabStatus, LeverChange, announce
+from engine.lab.flood import FloodLimits, FloodState, flood, flood_state
 from engine.lab.live.lab_clients import simulated_client_fields
 from engine.lab.live.rank_hang import RankHang
-from engine.lab.live_limits import check_live, check_ramp, live_devices, replica_bounds
+from engine.lab.live_limits import FLOOD_MAX_RATE, check_live, live_devices
+from engine.lab.replica_bounds import replica_bounds
 from engine.lab.shape import shape_for
 from engine.lab.simulated.lab_check import check_sim, model_label
 from engine.lab.simulated.lab_sim import SimLab
@@ -43,6 +46,7 @@ from engine.serving.scaling.autoscaler import LEVERS as AUTOSCALER_LEVERS
 from engine.serving.scaling.autoscaler import TARGET_LEVERS, Autoscaler, AutoscalerConfig
 from engine.serving.scaling.fleet import Fleet
 from engine.serving.telemetry.events import EventLog
+from engine.serving.telemetry.snapshot import FleetSnapshot
 from engine.serving.telemetry.traces import RequestTraces
 
 log = logging.getLogger("servelab.lab")
@@ -61,6 +65,9 @@ def engine_fields(levers: dict[str, Any]) -> dict[str, Any]:
     """The EngineConfig fields these lever values set."""
     return {key: levers[key] for key in ENGINE_LEVERS}
 
+# How far a flood may go: live, what this machine's clients can send; simulated, the lever's own range.
+LIVE_FLOOD = FloodLimits(FLOOD_MAX_RATE)
+SIM_FLOOD = FloodLimits(float(LEVERS["request_rate"].maximum or 0), longest_ramp_s=3600.0)
 
 class LiveLab:
     def __init__(self, fleet: Fleet, levers: dict[str, Any] | None = None) -> None:
@@ -68,14 +75,14 @@ class LiveLab:
         self.levers = {key: lever.default for key, lever in LEVERS.items()} | (levers or {})
         self.devices = live_devices(fleet.engine_config.device)
         check_live(self.levers, self.levers, self.devices, fleet.engine_config.device)
-        self.levers["executor"] = "live"  # the lab starts live; `executor` switches it (set_levers)
+        self.levers["executor"] = Executor.LIVE  # the lab starts live; `executor` switches it (set_levers)
         fleet.defences.update(**{key: self.levers[key] for key in DEFENCES})  # the levers' one source
         self.sim_levers = dict(self.levers)  # the simulated fleet's, kept across switches
         self.sim: SimLab | None = None
         self.run = 0  # which fleet the stream shows: a new one per switch or simulated rebuild
-        self._subscribers: list[Callable[[dict[str, Any]], None]] = []
+        self._subscribers: list[Callable[[FleetSnapshot], None]] = []
         fleet.subscribe(self._live_snapshot)
-        self.status = "starting"
+        self.status = LabStatus.STARTING
         self._lock = threading.RLock()
         api_key = (fleet.router.config.api_keys or [None])[0]  # flood traffic passes the key check
         self.traffic = TrafficDriver(fleet.router, lambda: self.levers, api_key=api_key or "flood")
@@ -97,40 +104,40 @@ class LiveLab:
         return self.fleet.traces if sim is None else sim.fleet.traces
 
     @property
-    def executor(self) -> str:
-        return "live" if self.sim is None else "sim"
+    def executor(self) -> Executor:
+        return Executor.LIVE if self.sim is None else Executor.SIM
 
     @property
     def current_levers(self) -> dict[str, Any]:
         return self.levers if self.sim is None else self.sim_levers
 
-    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+    def subscribe(self, callback: Callable[[FleetSnapshot], None]) -> None:
         """callback(snapshot) for the stream: the live fleet's, or the simulated fleet's while it runs."""
         self._subscribers.append(callback)
 
-    def _live_snapshot(self, snap: dict[str, Any]) -> None:
+    def _live_snapshot(self, snap: FleetSnapshot) -> None:
         if self.sim is None:
             for callback in list(self._subscribers):
                 callback(snap)
 
-    def _sim_snapshot(self, sim: SimLab, snap: dict[str, Any]) -> None:
+    def _sim_snapshot(self, sim: SimLab, snap: FleetSnapshot) -> None:
         if self.sim is sim:  # a replaced or stopped fleet's last tick goes nowhere
             for callback in list(self._subscribers):
                 callback(snap)
 
     # levers -------------------------------------------------------------------------------------
 
-    def set_levers(self, changes: dict[str, Any], source: str = "lab") -> dict[str, Any]:
+    def set_levers(self, changes: dict[str, Any], source: str = "lab") -> LeverChange:
         """Validate, then apply; returns what changed and how. A bad value raises
         InvalidParamError naming the lever, and nothing is applied."""
         clean = validate_levers(changes)
         with self._lock:
-            if clean.get("executor", self.executor) == "sim":
+            if clean.get("executor", self.executor) == Executor.SIM:
                 return self._set_sim(clean, source)
             if self.sim is not None:  # back to the live engine: nothing simulated runs after this
                 self.sim.stop()
                 self.sim, self.run = None, self.run + 1
-                self.events.emit("config", f"{source}: executor=live (the simulated fleet stopped)", levers={"executor": "live"})
+                self.events.emit("config", f"{source}: executor=live (the simulated fleet stopped)", levers={"executor": Executor.LIVE})
             clean.pop("executor", None)
             for key in SIM_ONLY:  # kept for the simulated fleet; the live engine has no use for them
                 if key in clean:
@@ -139,7 +146,7 @@ class LiveLab:
             check_live(clean, merged, self.devices, self.fleet.engine_config.device)
             changed = {k: v for k, v in clean.items() if self.levers[k] != v}
             rebuild = [k for k in changed if k in REBUILD_LEVERS]
-            if rebuild and self.status == "rebuilding":
+            if rebuild and self.status == LabStatus.REBUILDING:
                 raise ServingError(
                     409, "the replicas are still being rebuilt; try again when they are ready", rebuild[0], "busy"
                 )
@@ -159,11 +166,8 @@ class LiveLab:
                 self.autoscaler.reconfigure(**self._scaling())
             if rebuild:
                 self._rebuild()
-        if changed:
-            text = ", ".join(f"{k}={v}" for k, v in changed.items())
-            how = "rebuilding replicas" if rebuild else "applied in place"
-            self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
-        return {"changed": changed, "rebuild": bool(rebuild), "levers": dict(self.levers)}
+        announce(self.events, source, changed, "rebuilding replicas" if rebuild else "applied in place")
+        return LeverChange(changed, bool(rebuild), dict(self.levers))
 
     def _cancel_orphans(self) -> None:
         """cancel_on_disconnect back on: the requests left running for clients already gone
@@ -175,12 +179,12 @@ class LiveLab:
             if queued:
                 bus.forget_gone(request_id)
 
-    def _set_sim(self, clean: dict[str, Any], source: str) -> dict[str, Any]:
+    def _set_sim(self, clean: dict[str, Any], source: str) -> LeverChange:
         """The simulated fleet: entered (from the live levers plus the simulator's own), changed in
         place, or replaced when its deployment changes. The simulator checks first."""
         entering = self.sim is None
         base = (self.levers | {k: self.sim_levers[k] for k in SIM_ONLY}) if entering else self.sim_levers
-        merged = base | clean | {"executor": "sim"}
+        merged = base | clean | {"executor": Executor.SIM}
         check_sim(merged, clean)  # InvalidParamError with the simulator's reason: nothing changes
         changed = {k: v for k, v in clean.items() if base.get(k) != v}
         old = self.sim
@@ -199,16 +203,13 @@ class LiveLab:
         else:
             old.apply(changed)  # type: ignore[union-attr]
         self.sim_levers = merged
-        if changed:
-            text = ", ".join(f"{k}={v}" for k, v in changed.items())
-            how = "a new simulated fleet" if rebuild else "applied in place"
-            self.events.emit("config", f"{source}: {text} ({how})", levers=changed)
-        return {"changed": changed, "rebuild": False, "levers": dict(merged)}
+        announce(self.events, source, changed, "a new simulated fleet" if rebuild else "applied in place")
+        return LeverChange(changed, False, dict(merged))
 
     def _rebuild(self) -> None:
         self.hangs.release("the replicas are rebuilt (a stopped rank would hold its group's drain)")
-        self.status = "rebuilding"
-        fewest, most = replica_bounds(self.levers)
+        self.status = LabStatus.REBUILDING
+        fewest, most = replica_bounds(self.levers, warm_pool_holds_devices=False)
         serving = sum(r.state in SERVING for r in self.fleet.replicas)
         self.fleet.rebuild(
             self.fleet.engine_config.replace(**engine_fields(self.levers)), min(max(serving, fewest), most)
@@ -217,13 +218,13 @@ class LiveLab:
 
     def _scaling(self) -> dict[str, Any]:
         """The autoscaler's settings: its levers and targets, with the bounds of replica_bounds."""
-        fewest, most = replica_bounds(self.levers)
+        fewest, most = replica_bounds(self.levers, warm_pool_holds_devices=False)
         keys = (*AUTOSCALER_LEVERS, *TARGET_LEVERS)
         return {key: self.levers[key] for key in keys} | {"min_replicas": fewest, "max_replicas": most}
 
     def _await_ready(self) -> None:
         ok = self.fleet.wait_serving()
-        self.status = "serving" if ok else "failed"
+        self.status = LabStatus.SERVING if ok else LabStatus.FAILED
         if ok:
             self.events.emit("replica", "a replica is ready")
         elif self.fleet.unservable is None:  # an unservable fleet has said why already
@@ -231,46 +232,13 @@ class LiveLab:
 
     # traffic ------------------------------------------------------------------------------------
 
-    def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> dict[str, Any]:
-        """start: send at request_rate; ramp: climb linearly to ramp_to over ramp_s; stop."""
+    def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> FloodState:
+        """start: send at request_rate; ramp: climb linearly to ramp_to over ramp_s; stop. On the
+        simulated fleet, its arrivals, up to the lever's own range."""
         sim = self.sim
         if sim is not None:
-            return self._sim_flood(sim, action, ramp_to, ramp_s)
-        if action == "stop":
-            self.traffic.stop()
-            self.events.emit("flood", "traffic stopped")
-        elif action in ("start", "ramp"):
-            if action == "ramp":
-                check_ramp(ramp_to, ramp_s)
-            self.traffic.start(ramp_to if action == "ramp" else None, float(ramp_s))
-            what = (
-                f"ramping to {ramp_to:g} req/s over {ramp_s:g} s"
-                if action == "ramp"
-                else (f"sending {self.levers['request_rate']:g} req/s")
-            )
-            self.events.emit("flood", f"traffic on: {what}")
-        else:
-            raise InvalidParamError("action", "must be start, ramp or stop")
-        return self.traffic_state()
-
-    def _sim_flood(self, sim: SimLab, action: str, ramp_to: float | None, ramp_s: float) -> dict[str, Any]:
-        """The same controls on the simulated fleet's arrivals (rates up to the lever's range)."""
-        top = float(LEVERS["request_rate"].maximum or 0)
-        if action == "stop":
-            sim.stop_traffic()
-            self.events.emit("flood", "simulated traffic stopped")
-        elif action in ("start", "ramp"):
-            if action == "ramp" and (
-                not isinstance(ramp_to, (int, float)) or isinstance(ramp_to, bool) or not 0 < ramp_to <= top
-            ):
-                raise InvalidParamError("to", f"the ramp's target rate must be in (0, {top:g}] req/s")
-            if action == "ramp" and (not isinstance(ramp_s, (int, float)) or not 0 <= ramp_s <= 3600):
-                raise InvalidParamError("over_s", "the ramp's duration must be in [0, 3600] s")
-            sim.start_traffic(float(ramp_to) if action == "ramp" else None, float(ramp_s))  # type: ignore[arg-type]
-            self.events.emit("flood", f"simulated traffic on ({action})")
-        else:
-            raise InvalidParamError("action", "must be start, ramp or stop")
-        return self.traffic_state()
+            return flood(sim.traffic, action, ramp_to, ramp_s, SIM_FLOOD, self.events, "simulated ")
+        return flood(self.traffic, action, ramp_to, ramp_s, LIVE_FLOOD, self.events)
 
     def hang_rank(self, action: str) -> dict[str, Any]:
         """The collective_timeout row: "stop" SIGSTOPs rank 1 of a ready tensor-parallel replica,
@@ -282,15 +250,8 @@ class LiveLab:
                 )
             return self.hangs.act(action, traffic_on=self.traffic.running)
 
-    def traffic_state(self) -> dict[str, Any]:
-        if self.sim is not None:
-            return self.sim.traffic_state()
-        return {
-            "running": self.traffic.running,
-            "rate": round(self.traffic.current_rate(), 2),
-            "sent": self.traffic.sent,
-            "refused": self.traffic.refused,
-        }
+    def traffic_state(self) -> FloodState:
+        return flood_state(self.sim.traffic if self.sim is not None else self.traffic)
 
     # what the pages and the live stream show ----------------------------------------------------
 
@@ -316,7 +277,7 @@ class LiveLab:
             "status": self.status,
             "levers": dict(self.current_levers),
             "envelope": envelope(self.levers, self.facts()),
-            "traffic": self.traffic_state(),
+            "traffic": self.traffic_state().to_json(),
             "executor": self.executor,
             "run": self.run,
             "badge": None,
@@ -328,7 +289,7 @@ class LiveLab:
                 "model": model_label(str(levers["model"])),
                 "device": f"{str(levers['device']).upper()} x {levers['gpu_count']}",
                 "dtype": f"{levers['weight_dtype']} (KV {levers['kv_dtype']})",
-                "status": "simulating",
+                "status": LabStatus.SIMULATING,
                 "envelope": envelope(levers, sim.facts()),
                 "badge": sim.state()["badge"],
                 "sim": sim.state(),
@@ -338,11 +299,13 @@ class LiveLab:
         state["running"] = {"sim_pacers": pacers, "live_traffic": self.traffic.running}
         return state
 
-    def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
-        """A metrics snapshot plus the lab's view of it (status, levers, traffic: `lab`), for the
-        live stream. The server's latencies sit beside the lab's clients' (`client_*`): the same
-        figures measured at the receiving end of the stream. Simulated: times are simulated
-        seconds, and the snapshot says so (`executor`, `badge`, `sim_time_s`)."""
+    def snapshot(self, reading: FleetSnapshot) -> dict[str, Any]:
+        """A fleet's snapshot plus the lab's view of it (status, levers, traffic: `lab`), as the
+        live stream sends it (the snapshot becomes JSON here). The server's latencies sit beside
+        the lab's clients' (`client_*`): the same figures measured at the receiving end of the
+        stream. Simulated: times are simulated seconds, and the snapshot says so (`executor`,
+        `badge`, `sim_time_s`)."""
+        snap = reading.to_json()
         sim = self.sim
         levers = self.current_levers
         if sim is None:
@@ -357,7 +320,7 @@ class LiveLab:
         else:
             facts = sim.facts()
             extra = {"autoscaler": None if sim.autoscaler is None else sim.autoscaler.status(), "sim_time_s": snap["time"]}
-            extra |= simulated_client_fields(sim.traffic_state())
+            extra |= simulated_client_fields(flood_state(sim.traffic))
             readings = bottlenecks(levers, facts, snap)
             memory, total, fits = int(facts["device_memory_gb"] * 1e9), facts["weight_bytes_total"], sim.min_tp
             device = str(levers["device"]).upper()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from engine.lab.flood import FloodState
 from engine.lab.proxy import IDLE_TIMEOUT_CODE
 from engine.serving.load.loadgen import HttpTarget, LoadRequest, _retry_after, now
 from engine.serving.load.loadgen_metrics import RequestRecord
@@ -108,12 +109,12 @@ class ClientCounts:
         ]
 
 
-def simulated_client_fields(traffic: dict[str, Any]) -> dict[str, int]:
-    """The same counters for a simulated fleet (its traffic_state): its arrivals and refusals;
+def simulated_client_fields(traffic: FloodState) -> dict[str, int]:
+    """The same counters for a simulated fleet (its flood state): its arrivals and refusals;
     its clients neither give up nor pass a proxy."""
     return {
-        "client_sent_total": int(traffic["sent"]),
-        "client_refused_total": int(traffic["refused"]),
+        "client_sent_total": traffic.sent,
+        "client_refused_total": traffic.refused,
         "client_gave_up": 0,
         "client_cut_before_first_token": 0,
     }

@@ -28,7 +28,9 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.errors import InvalidParamError, ServingError
-from engine.lab.live_limits import FLOOD_MAX_RATE, check_ramp
+from engine.lab.facade import Executor, LabStatus, LeverChange, announce
+from engine.lab.flood import FloodLimits, FloodState, flood, flood_state
+from engine.lab.live_limits import FLOOD_MAX_RATE
 from engine.lab.proxy import IDLE_TIMEOUT_CODE, ProxySettings
 from engine.lab.remote.remote_backend import RemoteConfig, RemoteInfo, error_message, fetch, probe
 from engine.lab.remote.remote_errors import EVENT_KIND, RemoteErrors
@@ -76,8 +78,8 @@ class RemoteLab:
         self.user_streams = UserStreams()  # the app's pass-through streams, by their `user`
 
     @property
-    def executor(self) -> str:
-        return "remote"
+    def executor(self) -> Executor:
+        return Executor.REMOTE
 
     @property
     def traces(self) -> None:
@@ -132,7 +134,7 @@ class RemoteLab:
         """Each lever the remote owns, with its value where the remote reveals it."""
         return readonly_levers(self.info, self.reading)
 
-    def set_levers(self, changes: dict[str, Any], source: str = "lab", quiet: bool = False) -> dict[str, Any]:
+    def set_levers(self, changes: dict[str, Any], source: str = "lab", quiet: bool = False) -> LeverChange:
         clean = validate_levers(changes)
         if clean.pop("executor", "live") != "live":
             raise InvalidParamError(
@@ -155,30 +157,14 @@ class RemoteLab:
             )
         changed = {k: v for k, v in clean.items() if self.levers[k] != v}
         self.levers = self.levers | clean
-        if changed and not quiet:
-            text = ", ".join(f"{k}={v}" for k, v in changed.items())
-            self.events.emit("config", f"{source}: {text} (the lab's traffic, clients and proxy)", levers=changed)
-        return {"changed": changed, "rebuild": False, "levers": dict(self.levers)}
+        if not quiet:
+            announce(self.events, source, changed, "the lab's traffic, clients and proxy")
+        return LeverChange(changed, False, dict(self.levers))
 
     # traffic ------------------------------------------------------------------------------------
 
-    def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> dict[str, Any]:
-        if action == "stop":
-            self.traffic.stop()
-            self.events.emit("flood", "traffic stopped")
-        elif action in ("start", "ramp"):
-            if action == "ramp":
-                check_ramp(ramp_to, ramp_s, FLOOD_MAX_RATE)
-            self.traffic.start(float(ramp_to) if action == "ramp" else None, float(ramp_s))  # type: ignore[arg-type]
-            what = (
-                f"ramping to {ramp_to:g} req/s over {ramp_s:g} s"
-                if action == "ramp"
-                else f"sending {self.levers['request_rate']:g} req/s"
-            )
-            self.events.emit("flood", f"traffic on, to the remote: {what}")
-        else:
-            raise InvalidParamError("action", "must be start, ramp or stop")
-        return self.traffic_state()
+    def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> FloodState:
+        return flood(self.traffic, action, ramp_to, ramp_s, FloodLimits(FLOOD_MAX_RATE), self.events, "remote ")
 
     def hang_rank(self, action: str) -> dict[str, Any]:
         """The failure gallery's "Stop a rank": the remote's processes are not the lab's to signal."""
@@ -191,13 +177,8 @@ class RemoteLab:
             "executor",
         )
 
-    def traffic_state(self) -> dict[str, Any]:
-        return {
-            "running": self.traffic.running,
-            "rate": round(self.traffic.current_rate(), 2),
-            "sent": self.traffic.sent,
-            "refused": self.traffic.refused,
-        }
+    def traffic_state(self) -> FloodState:
+        return flood_state(self.traffic)
 
     def proxy_settings(self) -> ProxySettings:
         levers = self.levers
@@ -287,14 +268,14 @@ class RemoteLab:
             )
 
     @property
-    def status(self) -> str:
+    def status(self) -> LabStatus:
         """The header's word for the remote's state."""
         api, metrics = self.problems["api"], self.problems["metrics"]
         if not self.info.reachable:
-            return "connecting" if self.info.problem == NOT_PROBED else "unreachable"
+            return LabStatus.CONNECTING if self.info.problem == NOT_PROBED else LabStatus.UNREACHABLE
         if api is not None:
-            return "not OpenAI-compatible" if api.startswith("not OpenAI") else "refused"
-        return "serving" if metrics is None else "serving (no metrics)"
+            return LabStatus.NOT_OPENAI if api.startswith("not OpenAI") else LabStatus.REFUSED
+        return LabStatus.SERVING if metrics is None else LabStatus.SERVING_WITHOUT_METRICS
 
     def compose(self) -> dict[str, Any]:
         """The snapshot the stream sends: the remote's metrics over the window (None where it
@@ -341,8 +322,8 @@ class RemoteLab:
             "status": self.status,
             "levers": dict(self.levers),
             "envelope": None,
-            "traffic": self.traffic_state(),
-            "executor": "remote",
+            "traffic": self.traffic_state().to_json(),
+            "executor": Executor.REMOTE,
             "run": 0,
             "badge": None,
             "sim": None,
@@ -367,7 +348,7 @@ class RemoteLab:
         return snap | {
             "bottlenecks": [],
             "ttft_target_ms": self.levers["ttft_target_ms"],
-            "executor": "remote",
+            "executor": Executor.REMOTE,
             "badge": None,
             "run": 0,
             "shape": None,

@@ -1,20 +1,18 @@
-"""The remote lab's driver (issue 17): the one thread, and the only wall clock, behind a
-RemoteLab. SNAPSHOT_HZ times a second it probes /v1/models if that is due (on its own thread:
-a remote that does not answer never holds the stream up), scrapes /metrics, sums up the errors
-and publishes the snapshot."""
+"""The remote lab's driver (issue 17): its round, SNAPSHOT_HZ times a second on a WallClockDriver
+(the one thread and the only wall clock behind a RemoteLab), probes /v1/models if that is due (on
+its own thread: a remote that does not answer never holds the stream up), scrapes /metrics, sums
+up the errors and publishes the snapshot."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Protocol
 
 from engine.clock import Clock
+from engine.serving.driver import WallClockDriver
 from engine.serving.scaling.fleet import (
     SNAPSHOT_HZ,  # the live fleet's rate: the stream's contract is at least 5 a second
 )
-
-log = logging.getLogger("servelab.remote")
 
 PROBE_EVERY_S = 2.0  # while the remote is down or not OpenAI-compatible
 
@@ -41,15 +39,14 @@ class RemotePoller:
     def __init__(self, lab: Polled, hz: float = SNAPSHOT_HZ) -> None:
         self.lab = lab
         self.period_s = 1.0 / hz
-        self._stop = threading.Event()
         self._probing = threading.Event()  # a probe on its own thread is still out
-        self._thread = threading.Thread(target=self._run, name="remote-poller", daemon=True)
+        self._driver = WallClockDriver("remote-poller")
 
     def start(self) -> None:
-        self._thread.start()
+        self._driver.every(self.period_s, self._step)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._driver.stop()
 
     def tick(self, wait_for_probe: bool = True) -> None:
         """One round: probe /v1/models if due (on its own thread when not waited for: a remote
@@ -69,12 +66,6 @@ class RemotePoller:
         finally:
             self._probing.clear()
 
-    def _run(self) -> None:
-        next_tick = self.lab.clock.now()
-        while not self._stop.is_set():
-            next_tick = max(next_tick + self.period_s, self.lab.clock.now())  # late: no catching up
-            try:
-                self.tick(wait_for_probe=False)
-            except Exception:  # a bug in one tick must not end the page's stream
-                log.exception("remote poller tick")
-            self._stop.wait(max(0.0, next_tick - self.lab.clock.now()))
+    def _step(self) -> bool:
+        self.tick(wait_for_probe=False)  # the driver logs a failed round and runs the next
+        return True

@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import InvalidParamError
+from engine.lab.replica_bounds import replica_bounds
 from engine.sim.deployment import Deployment, SimConfigError
 from engine.sim.run import SimSpec
+from engine.sim.spec import spec_fields
 
 # Which levers a simulator refusal is about, most likely first: the one a learner just moved
 # among them is named, so the reason appears next to it.
@@ -35,29 +37,19 @@ def badge(levers: dict[str, Any]) -> str:
     )
 
 
+# The levers a simulated lab's fleet takes (the rest are the live engine's on this machine, or the
+# lab's traffic, which the lab drives itself).
+SIM_LEVERS = (
+    "model", "device", "gpu_count", "tensor_parallel", "weight_dtype", "kv_dtype", "prompt_tokens", "output_tokens",
+    "max_num_seqs", "max_batched_tokens", "prefix_caching", "prefill_gpus", "decode_gpus", "min_replicas",
+    "max_replicas", "warm_pool", "provision_delay_s",
+)  # fmt: skip
+
+
 def sim_spec(levers: dict[str, Any]) -> SimSpec:
     """The simulator's view of the lab's levers."""
-    pools = int(levers["prefill_gpus"]) or int(levers["decode_gpus"])
-    return SimSpec(
-        model=str(levers["model"]), device=str(levers["device"]), gpus=int(levers["gpu_count"]),
-        tp=int(levers["tensor_parallel"]), dtype=str(levers["weight_dtype"]), kv_dtype=str(levers["kv_dtype"]),
-        input_tokens=int(levers["prompt_tokens"]), output_tokens=int(levers["output_tokens"]),
-        input_range_ratio=0.5,  # the lab's traffic draws lengths within +-50% of the means
-        max_num_seqs=int(levers["max_num_seqs"]), max_batched_tokens=int(levers["max_batched_tokens"]),
-        prefix_caching=bool(levers["prefix_caching"]),
-        prefill_gpus=int(levers["prefill_gpus"]) if pools else None,
-        decode_gpus=int(levers["decode_gpus"]) if pools else None,
-        min_replicas=max(1, int(levers["min_replicas"])), max_replicas=int(levers["max_replicas"]),
-        warm_pool=int(levers["warm_pool"]), provision_delay_s=float(levers["provision_delay_s"]),
-    )
-
-
-def replica_bounds(levers: dict[str, Any]) -> tuple[int, int]:
-    """(fewest, most) simulated replicas, as the live lab's: the autoscaler's bounds within the
-    device budget (gpu_count // tensor_parallel, less the warm pool's), never below one."""
-    groups = int(levers["gpu_count"]) // int(levers["tensor_parallel"]) - int(levers["warm_pool"])
-    most = max(1, min(int(levers["max_replicas"]), groups))
-    return max(1, min(int(levers["min_replicas"]), most)), most
+    values = spec_fields(levers, SIM_LEVERS) | {"min_replicas": max(1, int(levers["min_replicas"]))}
+    return SimSpec(**values, input_range_ratio=0.5)  # the lab's traffic draws lengths within +-50% of the means
 
 
 def _refuse(reason: str, keys: tuple[str, ...], changed: dict[str, Any]) -> InvalidParamError:
@@ -89,7 +81,7 @@ def check_sim(levers: dict[str, Any], changed: dict[str, Any]) -> tuple[SimSpec,
             keys = FIT_KEYS
         raise _refuse(reason, keys, changed) from None
     if spec.prefill_gpus is None:
-        spec.min_replicas, spec.max_replicas = replica_bounds(levers)
+        spec.min_replicas, spec.max_replicas = replica_bounds(levers, warm_pool_holds_devices=True)
         try:
             spec.replica_bounds()
         except SimConfigError as err:

@@ -3,8 +3,8 @@ EventLoop, fed open-ended by arrivals drawn from the levers (the lab's traffic g
 gamma gaps and lengths), and advanced by a wall-clock pacer at `sim_speed` simulated seconds per
 wall second, so a browser watches a 64-GPU fleet while the page is open.
 
-Only the pacer reads wall time: it is this composition's driver, as WallClockDriver is the live
-fleet's. Everything it advances runs on the loop's VirtualClock. The fleet publishes snapshots
+Only the pacer reads wall time (the injected wall clock): its tick runs on a WallClockDriver, as
+the live fleet's steps do. Everything it advances runs on the loop's VirtualClock. The fleet publishes snapshots
 at its own SNAPSHOT_HZ of simulated time; the pacer ticks SNAPSHOT_HZ times a wall second and
 hands one snapshot per tick to its subscriber (the newest, or a fresh one when the fleet runs
 slower than asked), so the stream keeps its >= 5 a second at any speed and never swamps a
@@ -21,17 +21,19 @@ import os
 import random
 import sys
 import threading
-import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
+from engine.lab.replica_bounds import replica_bounds
 from engine.lab.shape import min_tensor_parallel
-from engine.lab.simulated.lab_check import badge, check_sim, fits, replica_bounds
+from engine.lab.simulated.lab_check import badge, check_sim, fits
 from engine.lab.traffic import Ramp
-from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
+from engine.serving.driver import WallClockDriver
 from engine.serving.load.loadgen import arrival_gap, draw_length
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, RouterConfig
@@ -40,10 +42,10 @@ from engine.serving.scaling.autoscaler import TARGET_LEVERS, Autoscaler, Autosca
 from engine.serving.scaling.fleet import SNAPSHOT_HZ, Fleet, FleetConfig
 from engine.serving.scaling.provisioning import SCALE_COUNTERS
 from engine.serving.telemetry.events import EventLog
+from engine.serving.telemetry.snapshot import FleetSnapshot
 from engine.sim import constants as C
+from engine.sim.assembly import kv_transfer_s, sim_fleet
 from engine.sim.loop import EventLoop
-from engine.sim.replica import SimReplica
-from engine.sim.runner import sim_executor
 from engine.sim.workload import SimRequest
 
 PACER_HZ = SNAPSHOT_HZ  # wall ticks a second; each runs the loop up to now * sim_speed and sends one snapshot
@@ -61,7 +63,9 @@ class SimLab:
     """One simulated fleet for the lab. set_levers applies what it can in place and says when a
     change needs a new SimLab (the lab builds it: a new deployment starts at simulated time 0)."""
 
-    def __init__(self, levers: dict[str, Any], on_snapshot: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self, levers: dict[str, Any], on_snapshot: Callable[[FleetSnapshot], None], wall: Clock = WALL_CLOCK
+    ) -> None:
         self.spec, self.dep = check_sim(levers, {})
         self.min_tp = min_tensor_parallel({tp: fits(self.dep, tp) for tp in (1, 2, 4, 8)})
         self.levers = dict(levers)
@@ -74,12 +78,14 @@ class SimLab:
         self.rng = random.Random(0)
         self.ramp: Ramp | None = None
         self.sending = False
+        self.traffic = SimTraffic(self)
         self.sent = self.refused = self.finished = 0
         self.achieved_speed = 0.0
-        self._latest: dict[str, Any] | None = None
+        self._latest: FleetSnapshot | None = None
         self._lock = threading.RLock()  # the pacer's slice against lever changes from sockets
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.wall = wall  # the pacer's clock: the only wall time a simulated lab reads
+        self._pacer = WallClockDriver("sim-pacer")
+        self._last_tick: float | None = None
         self._arrival_run = 0
         self.decode_fleet: Fleet | None = None
         self._decode_left: dict[str, int] = {}
@@ -89,11 +95,10 @@ class SimLab:
         if pools:
             assert self.spec.prefill_gpus is not None and self.spec.decode_gpus is not None
             n_prefill, n_decode = self.spec.prefill_gpus // self.spec.tp, self.spec.decode_gpus // self.spec.tp
-            link = C.INTER_NODE_BW if self.spec.gpus > self.dep.device.gpus_per_node else self.dep.device.link_bw
-            per_token = self.dep.kv_bytes_per_token
             self.fleet = self._fleet(base, n_prefill, 0, self._prefilled, None)
             self.decode_fleet = self._fleet(
-                base.replace(prefix_caching=True), n_decode, n_prefill, self._count_finished, lambda n: n * per_token / link
+                base.replace(prefix_caching=True), n_decode, n_prefill, self._count_finished,
+                kv_transfer_s(self.dep, self.spec.gpus),
             )
             self.autoscaler: Autoscaler | None = None
         else:
@@ -119,16 +124,6 @@ class SimLab:
         self, config: EngineConfig, replicas: int, first_id: int, on_finished: Callable[[Any], None],
         transfer: Callable[[int], float] | None,
     ) -> Fleet:
-        booting = [True]  # the first replicas and pool are loaded before the page opens
-        load_s = self.load_s
-
-        def new_replica(replica_id: int, cfg: EngineConfig, cores: Any = None, on_message: Any = None) -> SimReplica:
-            engine = LLMEngine(cfg, self.clock, sim_executor(self.dep, cfg))
-            return SimReplica(
-                first_id + replica_id, engine, self.loop, on_finished, transfer,
-                load_s=0.0 if booting[0] else load_s, on_message=on_message,
-            )
-
         lv = self.levers
         router = RouterConfig(
             queue_cap=int(lv["queue_cap"]), deadline_s=float(lv["deadline_s"]), rate_limit=float(lv["rate_limit"]) or None
@@ -137,13 +132,10 @@ class SimLab:
         pool = FleetConfig(
             replicas, warm_pool=self.spec.warm_pool if colocated else 0, provision_delay_s=self.spec.provision_delay_s
         )
-        fleet = Fleet(
-            config, router, pool, new_replica, self.clock, driver=self.loop,
-            model=(self.dep.model.name, self.dep.model.cfg.max_position), events=self.events,
-            defences=self.defences,
+        return sim_fleet(
+            self.dep, config, router, pool, self.loop, on_finished, load_s=self.load_s, first_id=first_id,
+            kv_transfer_s=transfer, events=self.events, defences=self.defences,
         )
-        booting[0] = False
-        return fleet
 
     # traffic ------------------------------------------------------------------------------------
 
@@ -240,7 +232,7 @@ class SimLab:
                     fleet.reconfigure(**in_place)
             scaling = {k: changed[k] for k in (*AUTOSCALER_LEVERS, *TARGET_LEVERS) if k in changed}
             if self.autoscaler is not None and scaling:
-                fewest, most = replica_bounds(self.levers)
+                fewest, most = replica_bounds(self.levers, warm_pool_holds_devices=True)
                 self.autoscaler.reconfigure(**(scaling | {"min_replicas": fewest, "max_replicas": most}))
             if "request_rate" in changed and self.ramp is not None:
                 self.ramp = None  # the lever takes over from a ramp, as live
@@ -249,17 +241,15 @@ class SimLab:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._pacer.running
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._pace, name="sim-pacer", daemon=True)
-        self._thread.start()
+        """The pacer is this composition's driver: PACER_HZ times a wall second, one tick."""
+        self._pacer.every(1.0 / PACER_HZ, self._tick)
 
     def stop(self) -> None:
         """Stop the pacer (and with it every simulated replica and arrival): nothing runs after."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(5.0)
+        self._pacer.stop()
         with self._lock:
             self.sending = False
             if self.autoscaler is not None:
@@ -268,33 +258,33 @@ class SimLab:
                 if fleet is not None:
                     fleet.stop()
 
-    def _pace(self) -> None:
-        """The wall-clock driver: every tick, run the loop up to sim_speed x the wall time that
-        passed, then hand the newest snapshot on."""
-        lower_this_threads_priority()
-        period = 1.0 / PACER_HZ
-        last = due = time.monotonic()
-        while not self._stop.wait(max(0.0, due - time.monotonic())):
-            now = time.monotonic()
-            due = max(due + period, now)  # a fixed rate, as WallClockDriver's: a slow tick is not made up
-            wall, last = min(now - last, MAX_LAG_S), now
-            with self._lock:
-                before = self.clock.now()
-                target = before + wall * int(self.levers["sim_speed"])
-                # A slice gets at most a tick of wall time: a fleet too big for this speed runs
-                # slower than asked (achieved_speed says so) and the page stays responsive.
-                deadline = now + 1.0 / PACER_HZ
-                self.loop.run(until=target, done=lambda deadline=deadline: time.monotonic() > deadline)
-                if not self.loop.pending_before(target):  # nothing left before the target: time still passes
-                    self.clock.advance(target - self.clock.now())
+    def _tick(self) -> bool:
+        """Run the loop up to sim_speed x the wall time since the last tick, then hand the newest
+        snapshot on."""
+        now = self.wall.now()
+        if self._last_tick is None:  # the pacer's first tick, on its own thread
+            lower_this_threads_priority()
+            self._last_tick = now
+            return True
+        wall, self._last_tick = min(now - self._last_tick, MAX_LAG_S), now
+        with self._lock:
+            before = self.clock.now()
+            target = before + wall * int(self.levers["sim_speed"])
+            # A slice gets at most a tick of wall time: a fleet too big for this speed runs
+            # slower than asked (achieved_speed says so) and the page stays responsive.
+            deadline = now + 1.0 / PACER_HZ
+            self.loop.run(until=target, done=lambda: self.wall.now() > deadline)
+            if not self.loop.pending_before(target):  # nothing left before the target: time still passes
+                self.clock.advance(target - self.clock.now())
+            snap, self._latest = self._latest, None
+            if snap is None:  # the fleet ran slower than its snapshot period: the stream keeps its rate
+                self._keep(self.fleet.snapshot())
                 snap, self._latest = self._latest, None
-                if snap is None:  # the fleet ran slower than its snapshot period: the stream keeps its rate
-                    self._keep(self.fleet.snapshot())
-                    snap, self._latest = self._latest, None
-                self.achieved_speed = (self.clock.now() - before) / max(1e-6, wall)
-            self.on_snapshot(snap)  # type: ignore[arg-type]
+            self.achieved_speed = (self.clock.now() - before) / max(1e-6, wall)
+        self.on_snapshot(snap)  # type: ignore[arg-type]
+        return True
 
-    def _keep(self, snap: dict[str, Any]) -> None:
+    def _keep(self, snap: FleetSnapshot) -> None:
         """The fleet's own snapshot (SNAPSHOT_HZ of simulated time); a P/D split adds its decode pool."""
         if self.decode_fleet is not None:
             snap = merge_pools(snap, self.decode_fleet.snapshot())
@@ -333,27 +323,50 @@ class SimLab:
             "load_s": round(self.load_s, 1),
         }
 
-    def traffic_state(self) -> dict[str, Any]:
-        return {"running": self.sending, "rate": round(self.current_rate() if self.sending else 0.0, 2),
-                "sent": self.sent, "refused": self.refused}
 
 
-def merge_pools(prefill: dict[str, Any], decode: dict[str, Any]) -> dict[str, Any]:
+class SimTraffic:
+    """The simulated lab's arrivals as the flood drives them (engine/lab/flood.py's FloodSource)."""
+
+    def __init__(self, lab: SimLab) -> None:
+        self._lab = lab
+
+    @property
+    def running(self) -> bool:
+        return self._lab.sending
+
+    @property
+    def sent(self) -> int:
+        return self._lab.sent
+
+    @property
+    def refused(self) -> int:
+        return self._lab.refused
+
+    def current_rate(self) -> float:
+        return self._lab.current_rate()
+
+    def start(self, ramp_to: float | None, ramp_s: float) -> None:
+        self._lab.start_traffic(ramp_to, ramp_s)
+
+    def stop(self) -> None:
+        self._lab.stop_traffic()
+
+
+def merge_pools(prefill: FleetSnapshot, decode: FleetSnapshot) -> FleetSnapshot:
     """One snapshot of a prefill/decode split: counts add up; TTFT is the prefill pool's (its
     first token), ITL the decode pool's; the queue is the front (prefill) router's plus the
     hand-off queue."""
-    out = dict(prefill)
-    for key in ("queue_depth", "running", "waiting", "kv_used_blocks", "kv_total_blocks", "tokens_per_s",
-                "batch_size", "max_num_seqs", "preempted", *SCALE_COUNTERS):
-        out[key] = prefill.get(key, 0) + decode.get(key, 0)
-    for key in ("itl_p50", "itl_p99"):
-        out[key] = decode.get(key)
+    summed = ("queue_depth", "running", "waiting", "kv_used_blocks", "kv_total_blocks", "tokens_per_s",
+              "batch_size", "max_num_seqs", "preempted", *SCALE_COUNTERS)  # fmt: skip
+    out = replace(prefill, **{key: getattr(prefill, key) + getattr(decode, key) for key in summed})
+    out.itl_p50, out.itl_p99 = decode.itl_p50, decode.itl_p99
     for key in ("replicas", "rejected"):
-        merged = dict(prefill.get(key, {}))
-        for name, n in decode.get(key, {}).items():
+        merged = dict(getattr(prefill, key))
+        for name, n in getattr(decode, key).items():
             merged[name] = merged.get(name, 0) + n
-        out[key] = merged
-    out["allreduce_ms"] = max(prefill.get("allreduce_ms", 0.0), decode.get("allreduce_ms", 0.0))
+        setattr(out, key, merged)
+    out.allreduce_ms = max(prefill.allreduce_ms, decode.allreduce_ms)
     return out
 
 

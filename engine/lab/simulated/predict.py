@@ -16,18 +16,25 @@ from typing import Any
 import numpy as np
 
 from engine.errors import InvalidParamError
-from engine.lab.live_limits import replica_bounds
+from engine.lab.replica_bounds import replica_bounds
 from engine.serving.telemetry.metrics import WINDOW_S
 from engine.sim import calibration
 from engine.sim.compare import command_for
 from engine.sim.deployment import SimConfigError
 from engine.sim.run import SimSpec, simulate
+from engine.sim.spec import spec_fields
 
 HORIZON_S = 60.0  # seconds of arrivals the prediction covers
 MAX_REQUESTS = 2000  # a faster rate predicts a shorter horizon, so the prediction stays quick
 TIMELINE_S = 0.5  # a point every half second, near the live charts' density
 TRAFFIC_SPREAD = 0.5  # engine/lab/traffic.py draws lengths within +-50% of the means
 SEED = 0
+# The live engine's levers the calibrated cpu device stands for (the model, device, TP and dtypes
+# are this machine's, fixed above the levers).
+LIVE_LEVERS = (
+    "prompt_tokens", "output_tokens", "request_rate", "burstiness", "max_num_seqs", "max_batched_tokens",
+    "prefix_caching", "paged", "block_size", "kv_budget_mb", "queue_cap", "deadline_s", "ttft_target_ms",
+)  # fmt: skip
 
 
 def live_spec(levers: dict[str, Any]) -> SimSpec:
@@ -44,7 +51,7 @@ def live_spec(levers: dict[str, Any]) -> SimSpec:
         raise InvalidParamError(
             "tensor_parallel", "the calibrated cpu device models one unsharded replica on this machine's cores"
         )
-    fewest, most = replica_bounds(levers)
+    fewest, most = replica_bounds(levers, warm_pool_holds_devices=False)
     if most != 1:
         raise InvalidParamError(
             "max_replicas",
@@ -53,16 +60,10 @@ def live_spec(levers: dict[str, Any]) -> SimSpec:
         )
     horizon = min(HORIZON_S, MAX_REQUESTS / rate)
     return SimSpec(
-        model="smollm2-135m", device="cpu", gpus=fewest, tp=1, dtype="bf16", kv_dtype="bf16",
-        input_tokens=int(levers["prompt_tokens"]), output_tokens=int(levers["output_tokens"]),
-        input_range_ratio=TRAFFIC_SPREAD, num_requests=max(1, round(rate * horizon)), rate=rate,
-        burstiness=float(levers["burstiness"]), max_num_seqs=int(levers["max_num_seqs"]),
-        max_batched_tokens=int(levers["max_batched_tokens"]), prefix_caching=bool(levers["prefix_caching"]),
-        paged=bool(levers["paged"]), block_size=int(levers["block_size"]), kv_budget_mb=float(levers["kv_budget_mb"]),
-        queue_cap=int(levers["queue_cap"]), deadline_s=float(levers["deadline_s"]),
-        ttft_slo_ms=float(levers["ttft_target_ms"]), seed=SEED, front_on_device=True,
-        timeline=True, timeline_s=TIMELINE_S,
-    )  # fmt: skip
+        **spec_fields(levers, LIVE_LEVERS), model="smollm2-135m", device="cpu", gpus=fewest, tp=1, dtype="bf16",
+        kv_dtype="bf16", input_range_ratio=TRAFFIC_SPREAD, num_requests=max(1, round(rate * horizon)), seed=SEED,
+        front_on_device=True, timeline=True, timeline_s=TIMELINE_S,
+    )
 
 
 def predict(levers: dict[str, Any]) -> dict[str, Any]:

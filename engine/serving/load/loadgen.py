@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
+from engine.clock import WALL_CLOCK
 from engine.sampling_params import SamplingParams
 from engine.serving.load.loadgen_metrics import RequestRecord, format_table, summarize
 from engine.serving.replicas.messages import RequestError
@@ -43,7 +44,8 @@ __all__ = [
 ]
 
 VOCAB = (100, 49000)  # the model's ordinary token ids: no specials, so no tokenizer is needed
-now = time.perf_counter  # one clock for every timestamp a run records
+# The serving stack's wall clock: a client's timestamps and the server's read the same time.
+now = WALL_CLOCK.now
 
 
 def arrival_gap(rng: random.Random, rate: float, burstiness: float) -> float:

@@ -28,7 +28,7 @@ class RequestRecord:
     prompt_tokens: int
     max_tokens: int
     status: str = "pending"  # pending, ok, failed, rejected, gave_up (the client's patience ran out)
-    send_time: float | None = None  # perf_counter seconds, of the first attempt (what a user waits from)
+    send_time: float | None = None  # loadgen.now() seconds, of the first attempt (what a user waits from)
     token_times: list[float] = field(default_factory=list)  # every chunk that carried tokens
     end_time: float | None = None
     output_tokens: int = 0

@@ -39,6 +39,7 @@ from engine.serving.replicas.replica_api import PoolState, ReplicaState
 from engine.serving.routing.defences import Defences
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.metrics import WINDOW_S as METRICS_WINDOW_S
+from engine.serving.telemetry.snapshot import FleetSnapshot
 
 log = logging.getLogger("servelab.autoscaler")
 
@@ -96,18 +97,17 @@ class Signals:
         return self.ready + self.starting
 
     @classmethod
-    def from_snapshot(cls, snap: dict[str, Any]) -> Signals:
-        states = snap.get("replicas", {})
-        slots, kv = snap.get("max_num_seqs", 0), snap.get("kv_total_blocks", 0)
+    def from_snapshot(cls, snap: FleetSnapshot) -> Signals:
+        states, slots, kv = snap.replicas, snap.max_num_seqs, snap.kv_total_blocks
         return cls(
-            time=snap["time"],
-            queued=snap.get("queue_depth", 0) + snap.get("waiting", 0),
-            slot_util=snap.get("batch_size", 0) / slots if slots else 0.0,
-            kv_util=snap.get("kv_used_blocks", 0) / kv if kv else 0.0,
+            time=snap.time,
+            queued=snap.queue_depth + snap.waiting,
+            slot_util=snap.batch_size / slots if slots else 0.0,
+            kv_util=snap.kv_used_blocks / kv if kv else 0.0,
             ready=states.get(ReplicaState.READY, 0),
             starting=sum(states.get(s, 0) for s in ORDERED),
             draining=states.get(ReplicaState.DRAINING, 0),
-            ttft_p99_s=snap.get("ttft_p99"),
+            ttft_p99_s=snap.ttft_p99,
         )
 
 
@@ -126,7 +126,7 @@ class Scalable(Protocol):
     warm_pool: int | None
     provision_delay_s: float | None
 
-    def snapshot(self) -> dict[str, Any]: ...
+    def snapshot(self) -> FleetSnapshot: ...
     def scale_up(self, count: int = 1) -> str: ...
     def scale_down(self) -> str: ...
     def set_warm_pool(self, count: int) -> None: ...

@@ -9,6 +9,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from engine.serving.scaling.fleet_config import FleetConfig
 from engine.serving.scaling.provisioning import Order, Provisioning
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.metrics import MetricsBus
+from engine.serving.telemetry.snapshot import FleetSnapshot
 from engine.serving.telemetry.traces import RequestTraces
 
 log = logging.getLogger("servelab.fleet")
@@ -110,7 +112,7 @@ class Fleet(Provisioning):
         self.unservable: str | None = None
         self._stopped = False
         self._drained = threading.Event()
-        self._subscribers: list[Callable[[dict], None]] = []
+        self._subscribers: list[Callable[[FleetSnapshot], None]] = []
         self.set_replica_count(fleet_config.replicas)
         for _ in range(self.warm_pool):  # the first pool is there from the start, like the first replicas
             self._start(self._spare_cores(), serve=False)
@@ -207,7 +209,7 @@ class Fleet(Provisioning):
 
     # live view ----------------------------------------------------------------------------------
 
-    def subscribe(self, callback: Callable[[dict], None]) -> None:
+    def subscribe(self, callback: Callable[[FleetSnapshot], None]) -> None:
         """callback(snapshot) SNAPSHOT_HZ times a second (the web layer's live charts)."""
         self._subscribers.append(callback)
 
@@ -331,11 +333,10 @@ class Fleet(Provisioning):
             lines.append(f"vllm:cache_config_info{{{labels}}} 1")
         return lines
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> FleetSnapshot:
         snap = self.bus.snapshot(len(self.router.queue), self.router.rejected, self.replica_states())
-        snap |= self.scale_counts()  # streams_cut_mid_stream, scale_changes_total, replicas_ordered_total
-        snap["replica_queue_depths"] = self.router.replica_queue_depths()  # the central_queue row's metric
-        return snap
+        # streams_cut_mid_stream, scale_changes_total, replicas_ordered_total; the central_queue row's metric
+        return replace(snap, **self.scale_counts(), replica_queue_depths=self.router.replica_queue_depths())
 
     # shutdown -----------------------------------------------------------------------------------
 

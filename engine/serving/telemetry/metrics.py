@@ -22,6 +22,7 @@ from engine.clock import WALL_CLOCK, Clock
 from engine.sequence import FinishReason, RequestTimes
 from engine.serving.replicas.messages import StepMessage
 from engine.serving.telemetry.events import EventLog
+from engine.serving.telemetry.snapshot import FleetSnapshot
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Per-replica running totals. num_expired: requests a replica dropped at their deadline (counted
@@ -213,7 +214,7 @@ class MetricsBus:
 
     def snapshot(
         self, queue_depth: int = 0, rejected: dict[str, int] | None = None, replicas: dict[str, int] | None = None
-    ) -> dict[str, Any]:
+    ) -> FleetSnapshot:
         """The live stream's view: totals across replicas and percentiles over the window.
         replicas (by state) come from their owner, the fleet: a killed replica sends no message."""
         now = self.clock.now()
@@ -229,28 +230,30 @@ class MetricsBus:
             rejected = dict(rejected or {})
             if expired := self._counter(stats, "num_expired"):  # dropped at a replica, not in the queue
                 rejected["deadline"] = rejected.get("deadline", 0) + expired
-            return {
-                "time": now,
-                "queue_depth": queue_depth,
-                "running": sum(s.get("running", 0) for s in stats),
-                "waiting": sum(s.get("waiting", 0) for s in stats),
-                "kv_used_blocks": sum(s.get("kv_used_blocks", 0) for s in stats),
-                "kv_total_blocks": sum(s.get("kv_total_blocks", 0) for s in stats),
-                "ttft_p50": window_percentile(ttft, 50),
-                "ttft_p99": window_percentile(ttft, 99),
-                "itl_p50": window_percentile(itl, 50),
-                "itl_p99": window_percentile(itl, 99),
-                "queue_time_p50": window_percentile(waits, 50),
-                "queue_time_p99": window_percentile(waits, 99),
-                "tokens_per_s": sum(n for _, n in self._recent_tokens) / span,
-                "replicas": dict(replicas or {}),
-                "rejected": rejected,
-                "preempted": self._counter(stats, "num_preemptions"),
-                "batch_size": sum(s.get("batch_size", 0) for s in stats),
+            return FleetSnapshot(
+                time=now,
+                queue_depth=queue_depth,
+                running=sum(s.get("running", 0) for s in stats),
+                waiting=sum(s.get("waiting", 0) for s in stats),
+                kv_used_blocks=sum(s.get("kv_used_blocks", 0) for s in stats),
+                kv_total_blocks=sum(s.get("kv_total_blocks", 0) for s in stats),
+                ttft_p50=window_percentile(ttft, 50),
+                ttft_p99=window_percentile(ttft, 99),
+                itl_p50=window_percentile(itl, 50),
+                itl_p99=window_percentile(itl, 99),
+                queue_time_p50=window_percentile(waits, 50),
+                queue_time_p99=window_percentile(waits, 99),
+                tokens_per_s=sum(n for _, n in self._recent_tokens) / span,
+                replicas=dict(replicas or {}),
+                rejected=rejected,
+                preempted=self._counter(stats, "num_preemptions"),
+                batch_size=sum(s.get("batch_size", 0) for s in stats),
                 # Tensor parallelism: the slowest replica's time in all-reduces per step.
-                "allreduce_ms": max((s.get("allreduce_ms_per_step", 0.0) for s in stats), default=0.0),
-                "max_num_seqs": sum(s.get("max_num_seqs", 0) for s in stats),
-            } | self.wasted_fields(now) | self.failure_metrics(now, ttft, stats)
+                allreduce_ms=max((s.get("allreduce_ms_per_step", 0.0) for s in stats), default=0.0),
+                max_num_seqs=sum(s.get("max_num_seqs", 0) for s in stats),
+                **self.wasted_fields(now),
+                **self.failure_metrics(now, ttft, stats),
+            )
 
     def prometheus_text(
         self,
@@ -261,14 +264,14 @@ class MetricsBus:
     ) -> str:
         snap = self.snapshot(queue_depth, rejected, replicas)
         label = f'model_name="{model}"'
-        total = snap["kv_total_blocks"]
+        total = snap.kv_total_blocks
         lines = [
-            f"vllm:num_requests_running{{{label}}} {snap['running']}",
-            f"vllm:num_requests_waiting{{{label}}} {snap['waiting'] + queue_depth}",
-            f"vllm:kv_cache_usage_perc{{{label}}} {snap['kv_used_blocks'] / total if total else 0.0}",
+            f"vllm:num_requests_running{{{label}}} {snap.running}",
+            f"vllm:num_requests_waiting{{{label}}} {snap.waiting + queue_depth}",
+            f"vllm:kv_cache_usage_perc{{{label}}} {snap.kv_used_blocks / total if total else 0.0}",
             f"vllm:prompt_tokens_total{{{label}}} {self.prompt_tokens}",
             f"vllm:generation_tokens_total{{{label}}} {self.generation_tokens}",
-            f"vllm:num_preemptions_total{{{label}}} {snap['preempted']}",
+            f"vllm:num_preemptions_total{{{label}}} {snap.preempted}",
         ]
         with self._lock:
             stats = list(self.replica_stats.values())
@@ -278,12 +281,12 @@ class MetricsBus:
                 lines += histogram.lines(f"vllm:{name}", label)
             for name, histogram in self.servelab_histograms.items():
                 lines += histogram.lines(f"servelab_{name}", label)
-        for reason, count in sorted(snap["rejected"].items()):
+        for reason, count in sorted(snap.rejected.items()):
             lines.append(f'servelab_rejected_requests_total{{reason="{reason}"}} {count}')
-        for state, count in sorted(snap["replicas"].items()):
+        for state, count in sorted(snap.replicas.items()):
             lines.append(f'servelab_replicas{{state="{state}"}} {count}')
         lines.append(f"servelab_wasted_tokens_total {self.wasted_tokens}")
-        lines.append(f"servelab_expired_prefill_tokens_total {snap['expired_prefill_tokens']}")
+        lines.append(f"servelab_expired_prefill_tokens_total {snap.expired_prefill_tokens}")
         for source in list(self.text_sources):
             lines += source()
         return "\n".join(lines) + "\n"
