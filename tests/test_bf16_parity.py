@@ -63,14 +63,17 @@ def test_bf16_greedy_op_matches_torch_where_the_margin_is_clear(llm: LLM, hf_ref
 
 
 def test_bf16_compiled_forward_matches_torch_where_the_margin_is_clear(llm: LLM, hf_reference: dict[str, Any]) -> None:
-    """The recommended configuration: bf16, oneDNN-prepacked weights behind servelab's own linear
-    op, the whole forward through Inductor."""
+    """The recommended configuration where oneDNN runs bf16 (tier avx512 and up): bf16,
+    oneDNN-prepacked weights behind servelab's own linear op, the whole forward through Inductor.
+    Below that tier dtype auto is fp32, whose compiled forward tests/test_compile.py checks;
+    compiling torch's own bf16 matmul there took 10 minutes of a 2-core AVX2 machine's CI."""
+    if not machine.cpu().onednn_bf16:
+        pytest.skip("no oneDNN bf16 on this CPU: the compiled forward is fp32's here (tests/test_compile.py)")
     refs = recorded(hf_reference)
     reference = generate(llm, "torch", refs)
     compiled = LLM(dtype="bfloat16", prefix_caching=False, compile=True)
     assert compiled.engine.model is not None and compiled.engine.model.compiled_forward is not None
-    # the prepacked linear is what is tested, where oneDNN runs bf16 on this CPU (tier avx512 and up)
-    assert (compiled.engine.model.packed_lm_head is not None) == machine.cpu().onednn_bf16
+    assert compiled.engine.model.packed_lm_head is not None  # the prepacked linear is what is tested
     assert_clear_tokens_match(refs, reference, generate(compiled, "cpu", refs))
 
 

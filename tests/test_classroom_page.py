@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
 
 from tests import browser_pages
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, kv_budget_mb
 from web.lessons import LessonLibrary
 from web.predictions import predict_cards
 
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chro
 def server() -> Iterator[ServerProcess]:
     proc = ServerProcess(
         "--kv-budget-mb",
-        "64",
+        kv_budget_mb(64),
         "--max-num-seqs",
         "16",
         "--request-rate",

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import socketio
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, kv_budget_mb
 from web.classroom_state import JOIN_BURST, NAME_MAX
 from web.lessons import LessonLibrary
 from web.predictions import predict_cards
@@ -27,7 +27,7 @@ from web.predictions import predict_cards
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("--kv-budget-mb", "64", "--max-num-seqs", "8", "--drain-timeout-s", "3", command=("app.py",))
+    proc = ServerProcess("--kv-budget-mb", kv_budget_mb(64), "--max-num-seqs", "8", "--drain-timeout-s", "3", command=("app.py",))
     yield proc
     proc.stop()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, kv_budget_mb
 from web.failures import FAILURES
 
 CHROMIUM = "/usr/bin/chromium"
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chro
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
     proc = ServerProcess(
-        "--kv-budget-mb", "64", "--max-num-seqs", "16", "--request-rate", "2", "--drain-timeout-s", "3",
+        "--kv-budget-mb", kv_budget_mb(64), "--max-num-seqs", "16", "--request-rate", "2", "--drain-timeout-s", "3",
         command=("app.py",), env={"SERVELAB_INSTRUCTOR_TOKEN": TOKEN},
     )
     yield proc

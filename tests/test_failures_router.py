@@ -113,8 +113,8 @@ def test_deadline_recheck_off_prefills_requests_already_late(fleet: Fleet) -> No
         at_replicas = sum(r.stats.facts.get("num_expired", 0) for r in fleet.replicas if r.stats)
         return (
             outcomes,
-            after["expired_prefill_tokens"] - before["expired_prefill_tokens"],
-            after["rejected"].get("deadline", 0) - before["rejected"].get("deadline", 0),
+            after.expired_prefill_tokens - before.expired_prefill_tokens,
+            after.rejected.get("deadline", 0) - before.rejected.get("deadline", 0),
             at_replicas,
         )
 

@@ -20,7 +20,7 @@ from engine.sequence import RequestTimes, Sequence
 from engine.serving.telemetry.metrics import window_percentile
 from tests.failure_traffic import prompt, ratio
 
-TRAFFIC_S = 4.0  # how long ordinary requests keep the waiting line full
+TRAFFIC_S = 8.0  # how long ordinary requests keep the waiting line full (aging on, a 2-core AVX2 CPU served its slowest in 2 s)
 STARVATION_S = 0.5  # the reserved slot's bound, shorter than the traffic so it shows
 
 

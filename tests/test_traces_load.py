@@ -39,7 +39,7 @@ import pytest
 import socketio
 from playwright.sync_api import Page, sync_playwright
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, kv_budget_mb
 
 CHROMIUM = "/usr/bin/chromium"
 WATCH_S = 60.0
@@ -100,7 +100,7 @@ class Watcher:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("--kv-budget-mb", "64", "--max-num-seqs", "8", command=PINNED_APP)
+    proc = ServerProcess("--kv-budget-mb", kv_budget_mb(64), "--max-num-seqs", "8", command=PINNED_APP)
     yield proc
     proc.stop()
 

@@ -16,7 +16,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.browser_pages import new_page
-from tests.server_process import ROOT, ServerProcess
+from tests.server_process import ROOT, ServerProcess, kv_budget_mb
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chro
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
     # 6 MB of KV is 272 tokens of SmolLM2: a few requests that grow as they decode outrun it.
-    flags = ("--kv-budget-mb", "6", "--max-batched-tokens", str(BUDGET), "--max-num-seqs", "8")
+    flags = ("--kv-budget-mb", kv_budget_mb(6), "--max-batched-tokens", str(BUDGET), "--max-num-seqs", "8")
     traffic = ("--prompt-tokens", "40", "--output-tokens", "48", "--request-rate", str(FLOOD_RATE))
     proc = ServerProcess(*flags, *traffic, command=("app.py",))
     yield proc

@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from engine.levers import LEVERS
-from tests.server_process import ROOT, ServerProcess
+from tests.server_process import ROOT, ServerProcess, kv_budget_mb
 from web.lessons import TRACE_CHARTS, LessonLibrary
 
 CHROMIUM = "/usr/bin/chromium"
@@ -31,7 +31,7 @@ def server() -> Iterator[ServerProcess]:
     # A small KV budget and batch keep the engine light on a 2-core machine; the levers still move.
     proc = ServerProcess(
         "--kv-budget-mb",
-        "64",
+        kv_budget_mb(64),
         "--max-num-seqs",
         "16",
         command=("app.py",),

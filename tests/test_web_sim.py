@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, kv_budget_mb
 from web.lessons import CHARTS, TRACE_CHARTS
 
 CHROMIUM = "/usr/bin/chromium"
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chro
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
     proc = ServerProcess(
-        "--kv-budget-mb", "64", "--max-num-seqs", "16", command=("app.py",), env={"SERVELAB_INSTRUCTOR_TOKEN": TOKEN}
+        "--kv-budget-mb", kv_budget_mb(64), "--max-num-seqs", "16", command=("app.py",), env={"SERVELAB_INSTRUCTOR_TOKEN": TOKEN}
     )
     yield proc
     proc.stop()

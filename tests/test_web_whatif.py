@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.server_process import ServerProcess
+from tests.server_process import ServerProcess, kv_budget_mb
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chro
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("--kv-budget-mb", "64", "--max-num-seqs", "16", command=("app.py",))
+    proc = ServerProcess("--kv-budget-mb", kv_budget_mb(64), "--max-num-seqs", "16", command=("app.py",))
     yield proc
     proc.stop()
 
