@@ -269,8 +269,7 @@ def test_a_student_who_disconnects_leaves_and_their_request_is_cancelled(
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
         body = {
             "prompt": "Count slowly:",
-            # Within the 64 MB KV budget on every CPU: in fp32 (AVX2, no native bf16) it holds 1,456 tokens.
-            "max_tokens": 1000,
+            "max_tokens": 1500,
             "stream": True,
             "user": joined["student_id"],
             "ignore_eos": True,
@@ -290,5 +289,5 @@ def test_a_student_who_disconnects_leaves_and_their_request_is_cancelled(
     wait_until(lambda: not any(s["name"] == "Ada" for s in instructor.states[-1].get("students", [])))
     # The HTTP stream itself stayed open: the server cancelled the request (finish_reason abort).
     assert ended.wait(30), "the request went on after its student left"
-    assert reasons == ["abort"] and len(tokens) < 1000, (reasons, len(tokens))
+    assert reasons == ["abort"] and len(tokens) < 1500, (reasons, len(tokens))
     assert time.monotonic() - left_at < 20

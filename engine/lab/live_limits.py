@@ -7,10 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import InvalidParamError
+from engine.lab.flood import FloodLimits
 from engine.machine import usable_cores
 
 LIVE_MODEL = "smollm2-135m"
 FLOOD_MAX_RATE = 200.0
+# How far a flood of the lab's own clients may go (live, or aimed at a remote server).
+LIVE_FLOOD = FloodLimits(FLOOD_MAX_RATE)
 # What the live engine on this machine takes, where the lever's own range (the simulated fleet's)
 # reaches further: a live flood past these would only measure a machine on its knees.
 LIVE_MAX = {

@@ -33,7 +33,7 @@ from engine.lab.facade import Executor, LabStatus, LeverChange, announce
 from engine.lab.flood import FloodLimits, FloodState, flood, flood_state
 from engine.lab.live.lab_clients import simulated_client_fields
 from engine.lab.live.rank_hang import RankHang
-from engine.lab.live_limits import FLOOD_MAX_RATE, check_live, live_devices
+from engine.lab.live_limits import LIVE_FLOOD, check_live, live_devices
 from engine.lab.replica_bounds import replica_bounds
 from engine.lab.shape import shape_for
 from engine.lab.simulated.lab_check import check_sim, model_label
@@ -65,8 +65,7 @@ def engine_fields(levers: dict[str, Any]) -> dict[str, Any]:
     """The EngineConfig fields these lever values set."""
     return {key: levers[key] for key in ENGINE_LEVERS}
 
-# How far a flood may go: live, what this machine's clients can send; simulated, the lever's own range.
-LIVE_FLOOD = FloodLimits(FLOOD_MAX_RATE)
+# A simulated flood goes as far as the lever's own range (a live one: live_limits.LIVE_FLOOD).
 SIM_FLOOD = FloodLimits(float(LEVERS["request_rate"].maximum or 0), longest_ramp_s=3600.0)
 
 class LiveLab:

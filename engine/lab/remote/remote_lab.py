@@ -29,8 +29,8 @@ from typing import Any
 from engine.clock import WALL_CLOCK, Clock
 from engine.errors import InvalidParamError, ServingError
 from engine.lab.facade import Executor, LabStatus, LeverChange, announce
-from engine.lab.flood import FloodLimits, FloodState, flood, flood_state
-from engine.lab.live_limits import FLOOD_MAX_RATE
+from engine.lab.flood import FloodState, flood, flood_state
+from engine.lab.live_limits import FLOOD_MAX_RATE, LIVE_FLOOD
 from engine.lab.proxy import IDLE_TIMEOUT_CODE, ProxySettings
 from engine.lab.remote.remote_backend import RemoteConfig, RemoteInfo, error_message, fetch, probe
 from engine.lab.remote.remote_errors import EVENT_KIND, RemoteErrors
@@ -164,7 +164,7 @@ class RemoteLab:
     # traffic ------------------------------------------------------------------------------------
 
     def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> FloodState:
-        return flood(self.traffic, action, ramp_to, ramp_s, FloodLimits(FLOOD_MAX_RATE), self.events, "remote ")
+        return flood(self.traffic, action, ramp_to, ramp_s, LIVE_FLOOD, self.events, "remote ")
 
     def hang_rank(self, action: str) -> dict[str, Any]:
         """The failure gallery's "Stop a rank": the remote's processes are not the lab's to signal."""
