@@ -224,11 +224,11 @@ class LLMEngine:
             outputs += self.end_step(batch, self.runner.execute(batch), stream)
         return outputs
 
-    def begin_step(self) -> tuple[list[RequestOutput], SchedulerOutput]:
-        """Drop aborted requests and schedule; the what-if replica runs the batch in virtual time
-        and calls end_step when the cost model says the step is over."""
+    def begin_step(self, max_continuing: int | None = None) -> tuple[list[RequestOutput], SchedulerOutput]:
+        """Drop aborted requests and schedule (Scheduler.schedule's max_continuing); the what-if
+        replica runs the batch in virtual time and calls end_step when the cost model says it is over."""
         outputs = self._drop_aborted()
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(max_continuing)
         now = self._step_started = self.clock.now()
         for seq in batch.expired:  # never started: no blocks to free, nothing generated
             self._finish(seq, FinishReason.DEADLINE, now)
@@ -236,11 +236,16 @@ class LLMEngine:
         self.last_batch = batch
         return outputs, batch
 
-    def end_step(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool = True) -> list[RequestOutput]:
+    def end_step(
+        self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool = True, started: float | None = None
+    ) -> list[RequestOutput]:
+        """started: when this batch began, where batches overlap (a pipelined replica's stages);
+        otherwise the latest begin_step's."""
         self.num_steps += 1
         cfg, records = self.config, self.step_records  # read the batch before _postprocess moves it on
         if records is not None:
-            records.append(step_record(batch, self.replica_id, self._step_started, self.clock.now(), cfg.max_batched_tokens, cfg.max_num_seqs))
+            began = self._step_started if started is None else started
+            records.append(step_record(batch, self.replica_id, began, self.clock.now(), cfg.max_batched_tokens, cfg.max_num_seqs))
         return self._postprocess(batch, new_tokens, stream)
 
     def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool) -> list[RequestOutput]:

@@ -62,14 +62,18 @@ class Scheduler:
                 self.waiting.remove(seq)
         self.kv.free(seq)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, max_continuing: int | None = None) -> SchedulerOutput:
+        """max_continuing: at most this many running sequences go on in this batch (a pipelined
+        replica splits them over its batches in flight, as vLLM v0's virtual engines did)."""
         out = SchedulerOutput()
         budget = self.config.max_batched_tokens
         chunked = self.config.chunked_prefill
         seqs, counts, running, bs = out.seqs, out.num_new_tokens, SequenceStatus.RUNNING, self.kv.block_size
         for seq in list(self.running):  # a copy: preemption takes from the end as it goes
-            if seq.status is not running:  # preempted earlier in this loop
+            if seq.status is not running or seq.in_flight:  # preempted earlier in this loop, or in a stage
                 continue
+            if max_continuing is not None and len(seqs) >= max_continuing:
+                break
             done = seq.num_computed_tokens
             remaining = seq.num_tokens - done
             if chunked:
@@ -80,7 +84,8 @@ class Scheduler:
                 continue
             has_room = done + n <= len(seq.block_table) * bs  # most decodes: the last block has room
             while not (has_room or self.kv.allocate(seq, n)):
-                victim = self.running[-1]
+                # The newest that is not in a pipeline stage (seq itself at the latest).
+                victim = next(s for s in reversed(self.running) if not s.in_flight)
                 self._preempt(victim, out)
                 if victim is seq:
                     break
@@ -181,7 +186,7 @@ class StaticScheduler(Scheduler):
 
     kv: ContiguousAllocator  # type: ignore[assignment]
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, max_continuing: int | None = None) -> SchedulerOutput:
         out = SchedulerOutput()
         if not self.running:
             now = self.clock.now()
@@ -194,5 +199,6 @@ class StaticScheduler(Scheduler):
                 seq.times.scheduled = now
                 out.admitted.append(seq)
         for seq in self.running:
-            out.add(seq, seq.num_tokens - seq.num_computed_tokens)
+            if not seq.in_flight:
+                out.add(seq, seq.num_tokens - seq.num_computed_tokens)
         return out

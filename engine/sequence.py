@@ -108,6 +108,9 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
     num_preemptions: int = 0
+    # In a batch still going through a replica's pipeline stages: not scheduled again, nor
+    # preempted, until that batch lands (its next token depends on it).
+    in_flight: bool = False
     # Detokenized output so far, and how much of it has been handed to the caller.
     output_text: str = ""
     num_text_emitted: int = 0

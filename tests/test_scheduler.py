@@ -157,3 +157,34 @@ def test_reserve_admission_never_preempts_where_greedy_does() -> None:
         assert (sched.num_preemptions > 0) is preempts
         assert all(len(s.output_token_ids) == 12 for s in seqs)
         assert sched.kv.num_free_blocks == 12
+
+
+def test_a_sequence_in_a_pipeline_stage_is_neither_scheduled_nor_preempted() -> None:
+    """Pipeline parallelism keeps batches in flight: a sequence in one waits for it to land, and
+    when blocks run out the newest sequence not in flight is the one preempted."""
+    clock = VirtualClock()
+    sched = make(num_blocks=4, max_batched_tokens=64)  # 16 tokens of KV
+    a, b = seq("a", 4, clock, max_tokens=20), seq("b", 4, clock, max_tokens=20)
+    sched.add(a)
+    sched.add(b)
+    fake_step(sched)  # both prompts: a block each, full
+    b.in_flight = True  # b's batch is still in the stages
+    out = sched.schedule()
+    assert [s.request_id for s in out.seqs] == ["a"]
+    a.in_flight = True
+    assert not sched.schedule().seqs  # both in flight: nothing to run
+    a.in_flight = b.in_flight = False
+    out = sched.schedule(max_continuing=1)  # a pipelined replica's share of the running
+    assert [s.request_id for s in out.seqs] == ["a"]
+    for s, n in zip(out.seqs, out.num_new_tokens):
+        s.num_computed_tokens += n
+        s.output_token_ids.append(1)
+    # Fill the cache, then let a need a block while b (the newest) is in flight: a preempts itself.
+    a.num_computed_tokens = b.num_computed_tokens = 8
+    a.output_token_ids, b.output_token_ids = [1] * 4, [1] * 4
+    sched.kv.allocate(a, 4)
+    sched.kv.allocate(b, 4)
+    a.num_computed_tokens, a.output_token_ids = 12, [1] * 9
+    b.in_flight = True
+    out = sched.schedule()
+    assert a in out.preempted and b not in out.preempted and b.status.name == "RUNNING"

@@ -13,7 +13,7 @@ from engine.sim.__main__ import CONTRACT_KEYS, main
 from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.run import SimSpec, simulate
 
-SMALL = ["run", "--model", "llama-3.1-8b", "--device", "h100", "--gpus", "2", "--tp", "1", "--dtype", "fp8",
+SMALL = ["run", "--model", "llama-3.1-8b", "--device", "h100", "--gpus", "2", "--tp", "1", "--pp", "1", "--dtype", "fp8",
          "--input-tokens", "300", "--output-tokens", "40", "--input-range-ratio", "0.5", "--num-requests", "120",
          "--rate", "30", "--burstiness", "0.5", "--seed", "3"]
 
@@ -59,10 +59,12 @@ def test_table_without_json(capsys):
     [
         (["--model", "gpt-5"], "known models: smollm2-135m, llama-3.1-8b"),
         (["--device", "tpu-v5"], "known devices: h100, h200, a100, b200, l4, mi300x, cpu"),
-        (["--gpus", "8", "--tp", "3"], "must divide llama-3.1-8b's 8 KV heads"),
-        (["--gpus", "2", "--tp", "4"], "tensor parallel 4 needs 4 GPUs"),
+        (["--gpus", "8", "--tp", "3"], "must divide llama-3.1-8b's 32 query heads"),
+        (["--gpus", "2", "--tp", "4"], "tensor parallel 4 needs 4 GPUs; --gpus is 2"),
+        (["--gpus", "6", "--tp", "2", "--pp", "2"], "--gpus 6 is not a whole number of TP2 x PP2 replicas"),
+        (["--pp", "33"], "pipeline parallel 33 must be from 1 to llama-3.1-8b's 32 layers"),
         (["--model", "llama-3.1-405b", "--gpus", "8", "--tp", "8", "--dtype", "bf16"],
-         "needs 812 GB of weights; 8 x h100 hold 640 GB: use fp8 or more GPUs"),
+         "needs 812 GB of weights; 8 x h100 hold 640 GB: use fp8, or more GPUs a replica"),
         (["--model", "llama-2-70b", "--gpus", "8", "--tp", "8", "--input-tokens", "4000", "--output-tokens", "500"],
          "longer than llama-2-70b's context of 4096"),
         (["--dtype", "fp4"], "only b200"),

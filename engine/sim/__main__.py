@@ -36,7 +36,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--model", required=True, type=str.lower)
     r.add_argument("--device", required=True, type=str.lower)
     r.add_argument("--gpus", type=int, default=1)
-    r.add_argument("--tp", type=int, default=1)
+    r.add_argument("--tp", type=int, default=1, help="tensor parallel: GPUs sharing every layer (inside a node)")
+    r.add_argument("--pp", type=int, default=1,
+                   help="pipeline parallel: stages of contiguous layers, a TP group each; a replica takes tp x pp GPUs")
+    r.add_argument("--pp-overlap", type=_bool, default=True,
+                   help="as many batches in flight as stages (vLLM's); false: one at a time, the bubble shows")
     r.add_argument("--dtype", type=str.lower, default="bf16", help=f"weights: {', '.join(WEIGHT_DTYPES)}")
     r.add_argument("--kv-dtype", type=str.lower, default=None, help=f"{', '.join(KV_DTYPES)} (default: as --dtype)")
     r.add_argument("--input-tokens", type=int, default=1000)
@@ -82,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
 
 def spec_from(args: argparse.Namespace) -> SimSpec:
     kv = args.kv_dtype or ("bf16" if args.dtype == "fp4" else args.dtype)
-    names = ("gpus", "tp", "input_tokens", "output_tokens", "num_requests", "max_num_seqs", "max_batched_tokens", "block_size")
+    names = ("gpus", "tp", "pp", "input_tokens", "output_tokens", "num_requests", "max_num_seqs", "max_batched_tokens", "block_size")
     for name in names:
         if getattr(args, name) < 1:
             raise SimConfigError(f"--{name.replace('_', '-')} must be at least 1")
@@ -91,7 +95,8 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
     if not 0 <= args.input_range_ratio < 1:
         raise SimConfigError("--input-range-ratio must be in [0, 1)")
     return SimSpec(
-        model=args.model, device=args.device, gpus=args.gpus, tp=args.tp, dtype=args.dtype, kv_dtype=kv,
+        model=args.model, device=args.device, gpus=args.gpus, tp=args.tp, pp=args.pp,
+        pp_overlap=args.pp_overlap, dtype=args.dtype, kv_dtype=kv,
         input_tokens=args.input_tokens, output_tokens=args.output_tokens, input_range_ratio=args.input_range_ratio,
         num_requests=args.num_requests, rate=args.rate, burstiness=args.burstiness, burst_factor=args.burst_factor,
         burst_at_s=args.burst_at_s, burst_s=args.burst_s, kv_budget_mb=args.kv_budget_mb, max_num_seqs=args.max_num_seqs,

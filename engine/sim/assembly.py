@@ -19,6 +19,7 @@ from engine.serving.telemetry.events import EventLog
 from engine.sim import constants as C
 from engine.sim.deployment import Deployment
 from engine.sim.loop import EventLoop
+from engine.sim.pipelined_replica import PipelinedSimReplica
 from engine.sim.replica import Finished, SimReplica
 from engine.sim.runner import sim_executor
 
@@ -28,25 +29,32 @@ def kv_transfer_s(dep: Deployment, gpus: int) -> Callable[[int], float]:
     replica, each GPU of the prefill group sending its shard to its peer over the link that joins
     them (NVLink inside a node; the inter-node fabric once the run spans nodes)."""
     link = C.INTER_NODE_BW if gpus > dep.device.gpus_per_node else dep.device.link_bw
-    per_token = dep.kv_bytes_per_token
+    per_token = dep.stage_kv_bytes_per_token
     return lambda tokens: tokens * per_token / link
 
 
 def sim_replica(
     replica_id: int, config: EngineConfig, dep: Deployment, loop: EventLoop, on_finished: Finished,
     kv_transfer_s: Callable[[int], float] | None = None, load_s: float = 0.0, on_message: Any = None,
-    record_steps: bool = True,
+    record_steps: bool = True, pp_overlap: bool = True,
 ) -> SimReplica:
-    """One simulated replica of `dep` on the loop's clock (SimReplica's arguments, engine built)."""
+    """One simulated replica of `dep` on the loop's clock (SimReplica's arguments, engine built);
+    with pipeline stages, one that runs its batches through them (pp_overlap: as many in flight
+    as stages, or one at a time)."""
     engine = LLMEngine(config, loop.clock, sim_executor(dep, config))
-    return SimReplica(replica_id, engine, loop, on_finished, kv_transfer_s, load_s, on_message, record_steps)
+    if dep.pp == 1:
+        return SimReplica(replica_id, engine, loop, on_finished, kv_transfer_s, load_s, on_message, record_steps)
+    return PipelinedSimReplica(
+        replica_id, engine, loop, on_finished, kv_transfer_s, load_s, on_message, record_steps,
+        stages=dep.pp, overlap=pp_overlap,
+    )
 
 
 def sim_fleet(
     dep: Deployment, config: EngineConfig, router_config: RouterConfig, fleet_config: FleetConfig, loop: EventLoop,
     on_finished: Finished, *, load_s: float, first_id: int = 0, kv_transfer_s: Callable[[int], float] | None = None,
     events: EventLog | None = None, defences: Defences | None = None, record_steps: bool = True,
-    made: list[SimReplica] | None = None,
+    made: list[SimReplica] | None = None, pp_overlap: bool = True,
 ) -> Fleet:
     """A Fleet of simulated replicas on the loop. The first replicas and the warm pool are loaded
     before the run begins; a replica ordered later loads its weights for load_s. Replica ids start
@@ -57,7 +65,7 @@ def sim_fleet(
     def new_replica(replica_id: int, cfg: EngineConfig, cores: Any = None, on_message: Any = None) -> SimReplica:
         replica = sim_replica(
             first_id + replica_id, cfg, dep, loop, on_finished, kv_transfer_s, 0.0 if booting else load_s, on_message,
-            record_steps,
+            record_steps, pp_overlap,
         )
         if made is not None:
             made.append(replica)

@@ -144,7 +144,7 @@ REASON_KEYS = (
     ("--prefill-gpus", "prefill_gpus"), ("--decode-gpus", "decode_gpus"), ("disaggregation", "prefill_gpus"),
     ("--min-replicas", "min_replicas"), ("warm pool", "warm_pool"), ("autoscaling", "autoscale"),
     ("kv dtype", "kv_dtype"), ("of weights", "model"), ("fp4", "weight_dtype"), ("dtype", "weight_dtype"),
-    ("whole number of tp", "gpu_count"), ("tensor parallel", "tensor_parallel"), ("context", "prompt_tokens"),
+    ("whole number of tp", "gpu_count"), ("tensor parallel", "tensor_parallel"), ("pipeline parallel", "gpu_count"), ("context", "prompt_tokens"),
     ("device", "device"), ("burst", "burst_factor"), ("kv", "kv_budget_mb"),
 )  # fmt: skip
 
@@ -297,7 +297,7 @@ def gpu_seconds(spec: SimSpec, result: dict[str, Any]) -> tuple[float, int]:
     held, most = 0.0, 0
     for i, row in enumerate(rows):  # a row's fleet holds from its time to the next row's
         until = min(rows[i + 1]["t"] if i + 1 < len(rows) else end, end)
-        gpus = spec.tp * sum(n for state, n in row["replicas"].items() if state not in ENDED)
+        gpus = spec.group * sum(n for state, n in row["replicas"].items() if state not in ENDED)
         held += gpus * max(0.0, until - row["t"])
         most = max(most, gpus) if row["t"] <= end else most
     return held, most
@@ -325,7 +325,7 @@ def table_row(spec: SimSpec, result: dict[str, Any], gpu_hour_usd: float) -> dic
 
 def badge(spec: SimSpec) -> str:
     """simulated: H100 x 8, Llama-3.1-70B (TP8, fp8, P/D 4+4)."""
-    extras = [f"TP{spec.tp}"] if spec.tp > 1 else []
+    extras = [spec.shape_name] if spec.group > 1 else []
     extras += [spec.dtype] if spec.dtype != "bf16" else []
     extras += [f"P/D {spec.prefill_gpus}+{spec.decode_gpus}"] if spec.prefill_gpus is not None else []
     extras += ["static batches"] if not spec.paged else []

@@ -9,6 +9,9 @@ Per GPU of a TP group, for one step:
 - TP: two all-reduces per layer of the step's activations, latency + ring bytes / link bandwidth.
 - host: per-step overhead, per-layer kernel launches, one sampling kernel, and per sampled row
   (the CPU device's Python per sequence; 0 on GPUs).
+- PP: each stage prices its own layers (stage_layers); the first also schedules, the last also
+  runs the LM head and samples, and each but the last sends the step's activations (hidden state
+  and residual, as vLLM's IntermediateTensors) to the next over the link that joins them.
 """
 
 from __future__ import annotations
@@ -39,10 +42,26 @@ class StepCost:
     allreduce_s: float
     overhead_s: float
     sample_s: float
+    transfer_s: float = 0.0  # a pipeline stage's send of the activations to the next stage
+
+    @property
+    def compute_s(self) -> float:
+        """The time the stage's GPUs are busy (the send overlaps the next batch's work)."""
+        return self.gemm_s + self.elementwise_s + self.attention_s + self.allreduce_s + self.overhead_s + self.sample_s
 
     @property
     def total_s(self) -> float:
-        return self.gemm_s + self.elementwise_s + self.attention_s + self.allreduce_s + self.overhead_s + self.sample_s
+        return self.compute_s + self.transfer_s
+
+
+ZERO_COST = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def summed(stages: list[StepCost]) -> StepCost:
+    """A batch's whole time through the stages, one after another, field by field."""
+    if len(stages) == 1:
+        return stages[0]
+    return StepCost(*(sum(getattr(c, f) for c in stages) for f in StepCost.__dataclass_fields__))
 
 
 class CostModel:
@@ -54,7 +73,11 @@ class CostModel:
         head_bytes = wbytes if dep.dtype == "bf16" else C.EMBED_BYTES
         self.linear_params = m.linear_params / t
         self.head_params = m.head_params / t
-        self.weight_read_bytes = self.linear_params * wbytes + self.head_params * head_bytes
+        self.linear_bytes, self.head_bytes = self.linear_params * wbytes, self.head_params * head_bytes
+        self.weight_read_bytes = self.linear_bytes + self.head_bytes  # every stage's, together
+        # Each stage's share of the layers (1.0 for the one stage without PP).
+        self.layers = dep.stage_layers
+        self.shares = [n / cfg.num_layers for n in self.layers]
         self.gemm_flops = d.gemm_flops(dep.dtype)
         self.gemm_overlaps_memory = d.gemm_overlaps_memory
         self.attn_flops = d.attention_flops
@@ -63,11 +86,12 @@ class CostModel:
         # over this GPU's heads in every layer.
         self.attn_flops_per_pair = 4 * (cfg.num_heads // t) * cfg.head_dim * cfg.num_layers
         self.kv_bytes_per_token = dep.kv_bytes_per_token
-        q, kv = cfg.num_heads // t * cfg.head_dim, cfg.num_kv_heads // t * cfg.head_dim
+        shard = dep.shard_cfg  # one rank's heads (a KV head replicated where TP exceeds them)
+        q, kv = shard.num_heads * cfg.head_dim, shard.num_kv_heads * cfg.head_dim
         elements = C.ELEMENTWISE_HIDDEN * cfg.hidden_size + C.ELEMENTWISE_QK * (q + kv)
         elements += C.ELEMENTWISE_FFN * cfg.intermediate_size // t
         self.elementwise_s_per_token = elements * C.ACTIVATION_BYTES * cfg.num_layers / self.bandwidth
-        self.fixed_s = d.step_overhead_s + cfg.num_layers * d.layer_overhead_s
+        self.step_overhead_s, self.layer_overhead_s = d.step_overhead_s, d.layer_overhead_s
         self.vocab = cfg.vocab_size
         self.num_allreduces = C.ALLREDUCES_PER_LAYER * cfg.num_layers if t > 1 else 0
         self.allreduce_latency = d.allreduce_latency_s
@@ -78,12 +102,30 @@ class CostModel:
         self.activation_row_bytes = cfg.hidden_size * C.ACTIVATION_BYTES
         self.sample_overhead = d.sample_overhead_s
         self.token_overhead = d.token_overhead_s
+        # A stage hands the next its hidden state and residual, each TP rank to its peer; once the
+        # replica spans nodes (TP x PP beyond a node) that hop is the fabric.
+        stage_link = d.link_bw if t * dep.pp <= d.gpus_per_node else C.INTER_NODE_BW
+        staged = dep.pp > 1  # (a device without a link, the CPU, has one stage)
+        self.transfer_s_per_token = 2 * self.activation_row_bytes / (stage_link * d.link_efficiency) if staged else 0.0
+        self.transfer_latency = d.allreduce_latency_s  # one NCCL send/recv, as one small collective
 
     def step(self, s: StepShape) -> StepCost:
+        """The batch's time through the replica: its one stage, or every stage in turn."""
+        return summed(self.stages(s))
+
+    def stages(self, s: StepShape) -> list[StepCost]:
+        """Each pipeline stage's part of the step, first to last."""
         if s.num_tokens == 0:
-            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        flops = 2 * (s.num_tokens * self.linear_params + s.num_sampled * self.head_params)
-        compute, weights = flops / self.gemm_flops, self.weight_read_bytes / self.bandwidth
+            return [ZERO_COST] * len(self.layers)
+        last = len(self.layers) - 1
+        return [self._stage(s, i, i == last) for i in range(len(self.layers))]
+
+    def _stage(self, s: StepShape, i: int, last: bool) -> StepCost:
+        share = self.shares[i]
+        sampled = s.num_sampled if last else 0  # the LM head and sampling run on the last stage
+        flops = 2 * (s.num_tokens * self.linear_params * share + sampled * self.head_params)
+        read = self.linear_bytes * share + (self.head_bytes if last else 0.0)
+        compute, weights = flops / self.gemm_flops, read / self.bandwidth
         gemm = max(compute, weights) if self.gemm_overlaps_memory else compute + weights
         kvb = self.kv_bytes_per_token
         prefill_tokens = s.num_tokens - s.num_decodes
@@ -98,11 +140,14 @@ class CostModel:
             decode = max(
                 s.decode_context * self.attn_flops_per_pair / self.attn_flops, s.decode_context * kvb / self.bandwidth
             )
-        allreduce = self.num_allreduces * (
+        allreduce = self.num_allreduces * share * (
             self.allreduce_latency + s.num_tokens * self.activation_row_bytes * self.allreduce_s_per_byte
         )
         # Sampling reads the float32 logits of each sampled row; the host handles each row too.
         row = self.vocab * 4 / self.bandwidth + self.token_overhead
-        sample = self.sample_overhead + s.num_sampled * row if s.num_sampled else 0.0
-        elementwise = s.num_tokens * self.elementwise_s_per_token
-        return StepCost(gemm, elementwise, prefill + decode, allreduce, self.fixed_s, sample)
+        sample = self.sample_overhead + sampled * row if sampled else 0.0
+        elementwise = s.num_tokens * self.elementwise_s_per_token * share
+        # The first stage schedules the step; every stage launches its layers' kernels.
+        fixed = (self.step_overhead_s if i == 0 else 0.0) + self.layers[i] * self.layer_overhead_s
+        transfer = 0.0 if last else self.transfer_latency + s.num_tokens * self.transfer_s_per_token
+        return StepCost(gemm, elementwise, (prefill + decode) * share, allreduce, fixed, sample, transfer)

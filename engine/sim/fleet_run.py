@@ -47,7 +47,7 @@ def simulate_fleet(
         rec.slo_s = ((spec.ttft_slo_ms or float("inf")) / 1000, (spec.tpot_slo_ms or float("inf")) / 1000)
     streams: dict[str, Any] = {}
     made: list[SimReplica] = []  # every replica the fleet ever started, retired ones too
-    load_s = dep.weight_bytes / dep.tp / spec.storage_bw
+    load_s = dep.fullest_stage_bytes / dep.tp / spec.storage_bw  # each GPU reads its own shard
 
     def finished(seq: Any) -> None:
         rec.finish(seq)
@@ -56,7 +56,8 @@ def simulate_fleet(
     router_config = RouterConfig(queue_cap=spec.queue_cap or max(1, spec.num_requests), deadline_s=spec.deadline_s)
     fleet_config = FleetConfig(fewest, warm_pool=spec.warm_pool, provision_delay_s=spec.provision_delay_s)
     fleet = sim_fleet(
-        dep, config, router_config, fleet_config, loop, finished, load_s=load_s, record_steps=False, made=made
+        dep, config, router_config, fleet_config, loop, finished, load_s=load_s, record_steps=False, made=made,
+        pp_overlap=spec.pp_overlap,
     )
     auto = Autoscaler(
         fleet, AutoscalerConfig(min_replicas=fewest, max_replicas=most, **(autoscaler_settings or {})), clock

@@ -12,6 +12,7 @@ import numpy as np
 from engine.sequence import FinishReason, Sequence
 from engine.serving.replicas.messages import RequestError
 from engine.sim.loop import EventLoop
+from engine.sim.pipelined_replica import PipelinedSimReplica
 from engine.sim.replica import SimReplica
 
 
@@ -79,7 +80,10 @@ def replica_figures(
     reasons: dict[str, int] = {}
     for reason in refused.values():
         reasons[reason] = reasons.get(reason, 0) + 1
-    return {
+    stages = [r.stage_idle_share(ran_s) for r in replicas if isinstance(r, PipelinedSimReplica)]
+    # Pipeline stages: each stage's idle share of the run, averaged over the replicas (the bubble).
+    extra = {"stage_idle_share": [sum(column) / len(column) for column in zip(*stages)]} if stages else {}
+    return extra | {
         "kv_usage_max": max(r.kv_usage_max for r in replicas),
         "preemptions": sum(r.engine.scheduler.num_preemptions for r in replicas),
         "wall_s": wall_s,

@@ -43,7 +43,8 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
     def new_replica(i: int, on_finished: Any, transfer: Any = None) -> SimReplica:
         # A decode replica finds the KV it is handed through its prefix cache (import_prefix).
         cfg = config if transfer is None else config.replace(prefix_caching=True)
-        return sim_replica(i, cfg, dep, loop, on_finished, transfer, record_steps=False)  # headless: nothing draws steps
+        # Headless: nothing draws steps.
+        return sim_replica(i, cfg, dep, loop, on_finished, transfer, record_steps=False, pp_overlap=spec.pp_overlap)
 
     def new_router(pool: list[SimReplica], cap: int | None) -> Router:
         router_config = RouterConfig(
@@ -57,7 +58,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         streams.pop(seq.request_id, None)  # its final TokenDelta is read off the Sequence here
 
     if spec.prefill_gpus is None:
-        replicas = [new_replica(i, finished) for i in range(spec.gpus // spec.tp)]
+        replicas = [new_replica(i, finished) for i in range(spec.replicas())]
         router = new_router(replicas, spec.queue_cap)
         decode_router = None
     else:
@@ -79,9 +80,9 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
             streams[seq.request_id] = decode_router.submit(seq.request_id, seq.token_ids, params)  # type: ignore[union-attr]
             decode_router.dispatch_once()  # type: ignore[union-attr]
 
-        n_prefill = spec.prefill_gpus // spec.tp
+        n_prefill = spec.replicas(spec.prefill_gpus)
         prefill = [new_replica(i, prefilled) for i in range(n_prefill)]
-        decode = [new_replica(n_prefill + i, decoded, transfer_s) for i in range(spec.decode_gpus // spec.tp)]
+        decode = [new_replica(n_prefill + i, decoded, transfer_s) for i in range(spec.replicas(spec.decode_gpus))]
         replicas = prefill + decode
         router = new_router(prefill, spec.queue_cap)
         decode_router = new_router(decode, None)
@@ -135,7 +136,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
     result |= replica_figures(replicas, refused, loop, clock.now(), elapsed())
     result |= {
         "replicas": len(replicas),
-        "prefill_replicas": 0 if decode_router is None else spec.prefill_gpus // spec.tp,
+        "prefill_replicas": 0 if decode_router is None else spec.replicas(spec.prefill_gpus),
         "simulated_s": clock.now(),
     }
     if sampler is not None:

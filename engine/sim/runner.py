@@ -7,7 +7,7 @@ from __future__ import annotations
 from engine.config import EngineConfig
 from engine.executor import Executor
 from engine.scheduler import SchedulerOutput
-from engine.sim.cost_model import CostModel, StepCost, StepShape
+from engine.sim.cost_model import ZERO_COST, CostModel, StepCost, StepShape, summed
 from engine.sim.deployment import Deployment
 
 # The token every simulated step emits: an ordinary id (the load generator's range), never EOS,
@@ -38,11 +38,13 @@ def step_shape(batch: SchedulerOutput) -> tuple[StepShape, dict[str, int]]:
 class CostModelRunner:
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
-        self.last_cost = StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        self.last_cost = ZERO_COST
+        self.last_stages: list[StepCost] = [ZERO_COST]  # each pipeline stage's part of last_cost
 
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
         shape, tokens = step_shape(batch)
-        self.last_cost = self.cost.step(shape)
+        self.last_stages = self.cost.stages(shape)
+        self.last_cost = summed(self.last_stages)
         return tokens
 
     def forget(self, request_id: str) -> None:
@@ -52,4 +54,4 @@ class CostModelRunner:
 def sim_executor(dep: Deployment, config: EngineConfig) -> Executor:
     """A model spec on a device is enough: the KV plan from the device's memory, no weights."""
     memory = dep.plan_memory(config)
-    return Executor(f"{dep.model.name} on {dep.tp} x {dep.device.name}", dep.shard_cfg, memory, CostModelRunner(CostModel(dep)))
+    return Executor(f"{dep.model.name} on {dep.tp * dep.pp} x {dep.device.name}", dep.shard_cfg, memory, CostModelRunner(CostModel(dep)))

@@ -1,4 +1,4 @@
-"""A what-if run's specification: the model, the devices and their count, TP, the engine's and
+"""A what-if run's specification: the model, the devices and their count, TP and PP, the engine's and
 the router's settings, the workload and the fleet's; `deployment()` and `replica_bounds()` refuse
 what cannot run with a SimConfigError that names the flag (engine/sim/run.py runs it)."""
 
@@ -52,6 +52,8 @@ class SimSpec:
     device: str
     gpus: int
     tp: int = 1
+    pp: int = 1  # pipeline stages a replica (each a TP group): a replica takes tp x pp GPUs
+    pp_overlap: bool = True  # as many batches in flight as stages; False: one at a time (the bubble)
     dtype: str = "bf16"
     kv_dtype: str = "bf16"
     input_tokens: int = 1000
@@ -93,14 +95,27 @@ class SimSpec:
     timeline: bool = False  # a plain run records one too (the autoscaled run always does)
     settle: bool = False  # after the last request, run on idle until the fleet is back at min_replicas
 
+    @property
+    def group(self) -> int:
+        """GPUs one replica takes: its TP group in each of its pipeline stages."""
+        return self.tp * self.pp
+
+    @property
+    def shape_name(self) -> str:
+        return f"TP{self.tp}" + (f" x PP{self.pp}" if self.pp > 1 else "")
+
+    def replicas(self, gpus: int | None = None) -> int:
+        """Replicas that `gpus` (the run's, by default) hold."""
+        return (self.gpus if gpus is None else gpus) // self.group
+
     def replica_bounds(self) -> tuple[int, int]:
         """(fewest, most) replicas of an autoscaled run, checked against the GPUs."""
-        most = self.gpus // self.tp if self.max_replicas is None else self.max_replicas
+        most = self.replicas() if self.max_replicas is None else self.max_replicas
         if not 1 <= self.min_replicas <= most:
             raise SimConfigError(f"--min-replicas {self.min_replicas} must be in [1, --max-replicas {most}]")
-        if (most + self.warm_pool) * self.tp > self.gpus:
+        if (most + self.warm_pool) * self.group > self.gpus:
             raise SimConfigError(
-                f"{most} replicas + a warm pool of {self.warm_pool} at TP{self.tp} need more than --gpus {self.gpus}"
+                f"{most} replicas + a warm pool of {self.warm_pool} at {self.shape_name} need more than --gpus {self.gpus}"
             )
         if self.storage_bw <= 0 or self.provision_delay_s < 0 or self.warm_pool < 0:
             raise SimConfigError("storage bandwidth must be positive; provisioning delay and warm pool not negative")
@@ -113,20 +128,21 @@ class SimSpec:
             model, device = get_model(self.model), get_device(self.device)
         except KeyError as err:
             raise SimConfigError(err.args[0]) from None
-        if self.tp > self.gpus:
-            raise SimConfigError(f"tensor parallel {self.tp} needs {self.tp} GPUs; --gpus is {self.gpus}")
+        if self.group > self.gpus:
+            shape = f"tensor parallel {self.tp}" + (f" x pipeline parallel {self.pp}" if self.pp > 1 else "")
+            raise SimConfigError(f"{shape} needs {self.group} GPUs; --gpus is {self.gpus}")
         if self.front_on_device:
             device = device.with_front()
-        dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype)
-        if self.gpus % self.tp:
-            raise SimConfigError(f"--gpus {self.gpus} is not a whole number of TP{self.tp} replicas")
+        dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype, self.pp)
+        if self.gpus % self.group:
+            raise SimConfigError(f"--gpus {self.gpus} is not a whole number of {self.shape_name} replicas")
         if (self.prefill_gpus is None) != (self.decode_gpus is None):
             raise SimConfigError("disaggregation needs both --prefill-gpus and --decode-gpus")
         if self.prefill_gpus is not None and self.decode_gpus is not None:
-            p, d = self.prefill_gpus, self.decode_gpus
-            if p < self.tp or d < self.tp or p % self.tp or d % self.tp or p + d != self.gpus:
+            p, d, g = self.prefill_gpus, self.decode_gpus, self.group
+            if p < g or d < g or p % g or d % g or p + d != self.gpus:
                 raise SimConfigError(
-                    f"--prefill-gpus {p} and --decode-gpus {d} must each be whole TP{self.tp} replicas "
+                    f"--prefill-gpus {p} and --decode-gpus {d} must each be whole {self.shape_name} replicas "
                     f"and add up to --gpus {self.gpus}"
                 )
         longest = int(self.input_tokens * (1 + self.input_range_ratio)) + int(self.output_tokens * (1 + self.input_range_ratio))
