@@ -52,15 +52,17 @@ AVX2_TESTS := tests/test_machine.py tests/test_cpu_attention.py tests/test_sampl
 ABOVE_AVX2 = $(PY) -c 'from engine import machine as m; c = m.cpu(); raise SystemExit(c.arch != "x86_64" or \
 	m.X86_TIERS.index(c.hardware_tier) <= m.X86_TIERS.index("avx2"))'
 
+# The unit tier a test file per worker on every core, then the integration and browser tiers one
+# test at a time (their latency tests measure alone); both run, and either failing fails the target.
 test: $(STAMP) $(NODE_STAMP) $(CHROMIUM) $(KERNEL_STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	unit=0; $(PY) -m pytest -q -p no:cacheprovider -m unit -n auto --dist loadfile tests || unit=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider -m "not unit" tests && exit $$unit
 	if $(ABOVE_AVX2); then SERVELAB_CPU_ISA=avx2 $(PY) -m pytest -q -p no:cacheprovider $(AVX2_TESTS); \
 	else echo "the CPU is AVX2 or below (or not x86): the first pass ran the AVX2 path"; fi
 
 # The unit tier alone (tests/conftest.py: no model, no server, no browser), for a quick answer,
-# a test file per worker on every core; `make test` runs every tier, one test at a time (its
-# latency tests measure alone), and is what CI runs.
+# a test file per worker on every core; `make test` runs every tier and is what CI runs.
 test-fast: $(STAMP) $(KERNEL_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider -m unit -n auto --dist loadfile tests
@@ -113,6 +115,7 @@ figures: $(STAMP) $(KERNEL_STAMP)
 bench-sim: $(STAMP)
 	$(PY) -m bench.sim_trtllm
 	$(PY) -m bench.sim_disagg
+	$(PY) -m bench.sim_pipeline
 	$(PY) -m bench.sim_speed
 	$(PY) -m bench.whatif_speed
 

@@ -264,7 +264,7 @@ def test_sigkill_one_replica_mid_stream(server: ServerProcess) -> None:
 
 def test_overload_then_sigterm_drains() -> None:
     srv = ServerProcess(
-        "--replicas", "1", "--dtype", "bfloat16", "--max-num-seqs", "2", "--queue-cap", "4", "--sse-ping-s", "0.2"
+        "--replicas", "1", "--max-num-seqs", "2", "--queue-cap", "4", "--sse-ping-s", "0.2"
     )
     try:
         results: list[tuple[int, dict]] = []

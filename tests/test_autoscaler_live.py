@@ -13,6 +13,7 @@ from engine.serving.load.loadgen import RequestRecord, RouterTarget, make_reques
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
+from tests.server_process import kv_budget_mb
 from tests.waiting import wait_for
 
 FAST = AutoscalerConfig(
@@ -31,7 +32,7 @@ FAST = AutoscalerConfig(
 
 
 def test_scales_one_two_one_under_load_without_a_failed_or_cut_request() -> None:
-    engine = EngineConfig(dtype="bfloat16", kv_budget_mb=64, max_num_seqs=4)
+    engine = EngineConfig(kv_budget_mb=float(kv_budget_mb(64)), max_num_seqs=4)  # dtype auto, as `make run`
     fleet = Fleet(engine, RouterConfig(queue_cap=256, deadline_s=None), FleetConfig(replicas=1, warm_pool=1))
     auto = Autoscaler(fleet, FAST)
     records: list[RequestRecord] = []

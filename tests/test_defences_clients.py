@@ -76,7 +76,7 @@ def serve(fleet: Fleet, **options: Any) -> tuple[Any, str]:
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[Live]:
-    fleet = Fleet(EngineConfig(dtype="bfloat16", max_num_seqs=BASE["max_num_seqs"]), RouterConfig(queue_cap=64, deadline_s=600),
+    fleet = Fleet(EngineConfig(max_num_seqs=BASE["max_num_seqs"]), RouterConfig(queue_cap=64, deadline_s=600),
                   FleetConfig(replicas=1))
     lab = LiveLab(fleet, dict(BASE))
     server, url = serve(fleet)

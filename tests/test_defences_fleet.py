@@ -64,7 +64,7 @@ def test_scale_in_without_drain_cuts_streams_and_with_drain_finishes_them() -> N
     defences = Defences(drain_on_scale_in=False)
     config = FleetConfig(replicas=2, provision_delay_s=0.0)
     before = set(replica_pids(os.getpid()))
-    fleet = Fleet(EngineConfig(dtype="bfloat16"), RouterConfig(), config, defences=defences)
+    fleet = Fleet(EngineConfig(), RouterConfig(), config, defences=defences)
     try:
         assert fleet.wait_ready(240) and len(fleet.replicas) == 2
         queues = {f"cut-{i}": fleet.submit(f"cut-{i}", [500 + i] * 30, SHORT, None) for i in range(4)}

@@ -15,7 +15,7 @@ from engine.serving.telemetry.snapshot import FleetSnapshot
 
 
 def test_snapshots_stream_and_drain_finishes_in_flight_work() -> None:
-    fleet = Fleet(EngineConfig(dtype="bfloat16"), RouterConfig(), FleetConfig(replicas=1, drain_timeout_s=60))
+    fleet = Fleet(EngineConfig(), RouterConfig(), FleetConfig(replicas=1, drain_timeout_s=60))
     try:
         assert fleet.wait_ready() and fleet.ready
         snapshots: list[FleetSnapshot] = []
