@@ -62,7 +62,7 @@ def test_table_without_json(capsys):
         (["--gpus", "8", "--tp", "3"], "must divide llama-3.1-8b's 32 query heads"),
         (["--gpus", "2", "--tp", "4"], "tensor parallel 4 needs 4 GPUs; --gpus is 2"),
         (["--gpus", "6", "--tp", "2", "--pp", "2"], "--gpus 6 is not a whole number of TP2 x PP2 replicas"),
-        (["--pp", "33"], "pipeline parallel 33 must be from 1 to llama-3.1-8b's 32 layers"),
+        (["--gpus", "33", "--pp", "33"], "pipeline parallel 33 must be from 1 to llama-3.1-8b's 32 layers"),
         (["--model", "llama-3.1-405b", "--gpus", "8", "--tp", "8", "--dtype", "bf16"],
          "needs 812 GB of weights; 8 x h100 hold 640 GB: use fp8, or more GPUs a replica"),
         (["--model", "llama-2-70b", "--gpus", "8", "--tp", "8", "--input-tokens", "4000", "--output-tokens", "500"],

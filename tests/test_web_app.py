@@ -292,7 +292,8 @@ def test_step_7_autoscales_from_the_warm_pool_and_drains_back(server: ServerProc
         page.evaluate("window.servelab.socket.emit('flood', {action: 'ramp', to: 12, over_s: 1})")
         scale_up = "window.servelab.events.some(e => e.kind === 'scale' && e.delta > 0)"
         wait_for(page, f"{scale_up} && {last}.replicas.ready === 2", 120)
-        expect(page.locator("#timeline .ev-scale").first).to_contain_text("from the warm pool")
+        # Not the first scale event: on a slow CPU a "holding" one can come before it.
+        expect(page.locator("#timeline .ev-scale", has_text="from the warm pool").first).to_be_visible()
         page.screenshot(path=str(ARTIFACTS / "steps-7-scaled.png"), full_page=True)
     finally:
         page.evaluate("window.servelab.socket.emit('flood', {action: 'stop'})")
@@ -335,7 +336,8 @@ def test_step_3_long_prompt_is_answered_with_keys_set(server: ServerProcess, pag
     open_as_instructor(page, server, "/steps/3")
     # From an idle engine: step 7's flood can leave its queue (up to 64 requests) still draining,
     # and on a 2-core AVX2 CPU in fp32 that outlasts the 30 s queue deadline of a prompt behind it.
-    idle = "window.servelab.last && window.servelab.last.queue_depth === 0 && window.servelab.last.running === 0"
+    last = "window.servelab.last"
+    idle = f"{last} && {last}.queue_depth === 0 && {last}.running === 0 && {last}.replicas.ready >= 1 && !{last}.replicas.draining"
     page.evaluate("window.servelab.last = null; window.servelab.socket.on('metrics', s => window.servelab.last = s)")
     wait_for(page, idle, 240)
     page.click("#long-prompt")
