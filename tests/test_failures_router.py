@@ -28,6 +28,7 @@ from tests.failure_traffic import (
     seed_of,
     sleep_until,
 )
+from tests.waiting import wait_for
 
 ENGINE = EngineConfig(kv_budget_mb=160)  # room for every prompt below; a small cache loads faster
 QUEUE_CAP, DEADLINE_S = 64, 300.0  # the router's config object is changed in place: keep these apart
@@ -221,7 +222,9 @@ def test_chunked_prefill_off_running_streams_stall_on_a_long_prompt(fleet: Fleet
     def streams_with_long_prompts(tag: str) -> float:
         traffic = Traffic(fleet, tag)
         streams = [traffic.submit(prompt(seed_of(tag) + i, 16), 40) for i in range(4)]
-        time.sleep(0.6)
+        # The long prompts land while the streams decode, however fast this machine runs them (a
+        # fixed 0.6 s outlived all 40 tokens on a fast CPU: nothing left to stall).
+        assert wait_for(lambda: sum(r.stats.running for r in fleet.replicas if r.stats) >= 4, timeout_s=30)
         for i in range(2):  # a 1,500-token prompt lands on each replica while the streams run
             traffic.submit(prompt(seed_of(tag) + 10 + i, 1500), 1)
         traffic.collect()

@@ -219,7 +219,7 @@ def test_guidellm_constant_rate(server: ServerProcess, tokenizer_dir: Path, tmp_
     out = tmp_path / "guidellm.json"
     cmd = [sys.executable, "-m", "guidellm", "run",
            "--backend", f"kind=openai_http,target={server.base_url},request_format={endpoint}",
-           "--profile", "kind=constant,rate=2", "--constraint", "kind=max_duration,seconds=20",
+           "--profile", "kind=constant,rate=2", "--constraint", "kind=max_duration,seconds=8",
            "--tokenizer", f"kind=hf_auto,model={tokenizer_dir}",
            "--data", "kind=synthetic_text,prompt_tokens=16,output_tokens=8",
            "--output", f"kind=json,path={out}", "--disable-console-interactive"]  # fmt: skip
@@ -228,7 +228,7 @@ def test_guidellm_constant_rate(server: ServerProcess, tokenizer_dir: Path, tmp_
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     metrics = json.loads(out.read_text())["benchmarks"][0]["metrics"]
     totals = metrics["request_totals"]
-    # No request may fail; those still running at the 20 s mark are cancelled (incomplete), which
+    # No request may fail; those still running at the 8 s mark are cancelled (incomplete), which
     # says nothing about the API, so only "some completed" is asked of them (no latency bound).
     assert totals["errored"] == 0 and totals["successful"] > 0, totals
     for name in ("time_to_first_token_ms", "inter_token_latency_ms"):
