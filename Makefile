@@ -93,8 +93,11 @@ bench-serving: $(BENCH_STAMP) $(TCMALLOC) $(KERNEL_STAMP)
 	$(PY) -m bench.serving_bench
 
 # Tensor parallelism on this machine: degree 1 against 2 (weights per rank, KV blocks, all-reduce time).
+# Parallelism on this machine: TP 1 against 2 (the all-reduces), then one replica as one rank, TP 2,
+# PP 2 with overlap on and off, and TP 2 x PP 2 (tokens/s, each stage's busy time and bubble).
 bench-tp: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m bench.tp_bench
+	$(PY) -m bench.parallel_bench
 
 # What-if executor: fit the `cpu` device to this machine's live engine (writes
 # .cache/calibration/<machine key>.json, engine/sim/calibration.py; with the bench's allocator), and its evidence against published

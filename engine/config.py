@@ -45,6 +45,13 @@ class EngineConfig:
     # Ranks (processes) one replica's model is split across (engine/distributed.py); at most the
     # model's KV heads. memory_cap_mb applies to each rank.
     tensor_parallel: int = 1
+    # Pipeline stages (engine/distributed.py): the layers split into this many contiguous stages,
+    # one process (or TP group) each; a replica is tensor_parallel x pipeline_parallel ranks. At
+    # most the model's layers. memory_cap_mb applies to each rank.
+    pipeline_parallel: int = 1
+    # Up to pipeline_parallel batches in flight, so the stages work at once (vLLM's virtual
+    # engines); off, one batch at a time, and every stage idles while the others work (the bubble).
+    pipeline_overlap: bool = True
     # The forward through torch.compile (engine/model/compile.py): CPU, the C++ op, one rank.
     compile: bool = False
     # The CPU KV cache on 2 MiB pages (engine/huge_pages.py): attention over scattered blocks 15%
@@ -64,7 +71,7 @@ class EngineConfig:
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidParamError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        positive_ints = ("block_size", "max_num_seqs", "max_batched_tokens", "tensor_parallel")
+        positive_ints = ("block_size", "max_num_seqs", "max_batched_tokens", "tensor_parallel", "pipeline_parallel")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -1,67 +1,71 @@
-"""Tensor parallelism: one replica's model split across `tensor_parallel` processes (ranks).
+"""One replica's model across processes (ranks): tensor parallelism inside a pipeline stage,
+pipeline parallelism across stages. A replica is tensor_parallel x pipeline_parallel ranks; rank
+r is TP rank r % tp of stage r // tp.
 
-Rank 0 is the engine's own process: it runs the scheduler, the block manager and the sampler.
-Ranks 1..t-1 are spawned here; each loads the model, keeps only its shard and its own KV cache
-(the same block ids, only its heads), and runs every step rank 0 sends it down a pipe. The
-process group (gloo on CPU, NCCL on CUDA) carries only the all-reduces:
+Rank 0 is the engine's own process: it runs the scheduler, the block manager and the sampler, and
+it is TP rank 0 of the first stage. The other ranks are spawned here (engine/rank_worker.py); each
+loads the model, keeps its stage's layers (engine/model/sharding.py keep_stage) and its TP shard of
+them, and its own KV cache for those layers (the same block ids), and runs every step rank 0 sends
+it down a pipe. The process group (gloo on CPU, NCCL on CUDA) carries the rest:
 
-    qkv, gate/up   column-parallel: each rank holds its KV-head groups' Q/K/V rows and its slice
-                   of the MLP's intermediate rows; attention needs no communication at all
-    o, down        row-parallel: each rank's partial product is summed by an all-reduce
-                   (2 per layer: 60 a step for SmolLM2-135M, whatever the batch)
-    embed, head    replicated (tied, 28 M of the 135 M parameters): every rank embeds its own
-                   tokens and rank 0 alone computes logits from the all-reduced hidden state
+  inside a stage   all-reduces over the stage's TP group (o and down are row-parallel: 2 a layer)
+  stage to stage   the residual stream, point-to-point: TP rank t of stage s sends it to TP rank t
+                   of stage s + 1; the last stage's TP rank 0 sends it back to rank 0, which
+                   applies the final norm and the LM head and samples
 
-Heads split by KV group, as evenly as they go (engine/model/sharding.py says which slice each
-rank keeps), so t may be at most the number of KV heads. The rank with the most heads sets the
-KV block count for all (its memory is the tightest).
+Heads split by KV group, as evenly as they go, so tp may be at most the number of KV heads; the
+layers split as vLLM splits them, so pp may be at most the number of layers. Every rank plans its
+own KV budget; the tightest sets the block count for all.
 
-A rank that stops answering fails the whole group: every collective has COLLECTIVE_TIMEOUT_S,
-after which rank 0 kills every worker (SIGKILL works on a stopped process too) and raises
-ShardGroupError; workers die with their parent (PR_SET_PDEATHSIG) and leave on a broken pipe.
-With the defence lever `collective_timeout` off (EngineConfig), ServeLab sets no timeout of its
-own: the group gets torch's built-in default (gloo cannot wait forever, but its default is half
-an hour), and the replica arms no step watchdog (engine/serving/replicas/replica.py), so a stopped rank
-leaves rank 0 waiting inside an all-reduce while its heartbeats still say it is alive.
+Overlap (engine/pipelined_steps.py): rank 0 hands a batch to the second stage and forms the next
+batch while it is there, up to pipeline_parallel batches in flight (vLLM's virtual engines).
+
+A rank that stops answering fails the whole group: every collective and every wait for the last
+stage has COLLECTIVE_TIMEOUT_S, after which rank 0 kills every worker (SIGKILL works on a stopped
+process too) and raises ShardGroupError; workers die with their parent (PR_SET_PDEATHSIG) and leave
+on a broken pipe. With the defence lever `collective_timeout` off (EngineConfig), ServeLab sets no
+timeout of its own: the group gets torch's built-in default (gloo cannot wait forever, but its
+default is half an hour), and the replica arms no step watchdog (engine/serving/replicas/replica.py),
+so a stopped rank leaves rank 0 waiting while its heartbeats still say it is alive.
 """
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import multiprocessing as mp
 import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
+from engine.collectives import (
+    COLLECTIVE_TIMEOUT_S,
+    START_TIMEOUT_S,
+    AllReduceTimer,
+    StageSender,
+    join_group,
+    receive_hidden,
+    step_to_wire,
+    world_size,
+)
 from engine.config import EngineConfig
-from engine.machine import affinity, set_affinity, usable_cores
-from engine.model.llama import AttentionBatch, Llama, PrefillChunk
-from engine.model.sharding import shard_model, split_evenly
-
-COLLECTIVE_TIMEOUT_S = 10.0  # a collective waiting longer than this fails the group
-STEP_TIMEOUT_S = 14.0  # the front process's watchdog on one step of a tensor-parallel replica
-START_TIMEOUT_S = 300.0
+from engine.machine import affinity, set_affinity
+from engine.model.llama import AttentionBatch, Llama
+from engine.model.partition import split_evenly, stage_layers
+from engine.stage_clock import StageClock
 
 
 class ShardGroupError(RuntimeError):
-    """The tensor-parallel group failed (a rank hung, died or could not start); it is one
+    """The replica's group of ranks failed (a rank hung, died or could not start); it is one
     failure unit, so every rank is gone by the time this is raised."""
 
 
-def rank_device(device: str, rank: int) -> str:
-    return f"cuda:{rank}" if device.startswith("cuda") else device
-
-
 def rank_cores(world: int) -> list[list[int]] | None:
-    """Each rank's share of this process's cores (one core each for t=2 on 2 cores); None where
+    """Each rank's share of this process's cores (one core each for 2 ranks on 2 cores); None where
     there are fewer cores than ranks (they share, unpinned)."""
     cores = affinity()
     if len(cores) < world:
@@ -69,105 +73,25 @@ def rank_cores(world: int) -> list[list[int]] | None:
     return [cores[lo:hi] for lo, hi in split_evenly(len(cores), world)]
 
 
-# one step on the wire: numpy arrays pickle as bytes (torch tensors would go through shared memory)
-
-
-def step_to_wire(input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBatch) -> dict[str, Any]:
-    def a(t: torch.Tensor) -> np.ndarray:
-        return t.cpu().numpy()
-
-    return {
-        "input_ids": a(input_ids),
-        "positions": a(positions),
-        "slot_mapping": a(attn.slot_mapping),
-        "num_decodes": attn.num_decodes,
-        "decode_block_tables": a(attn.decode_block_tables),
-        "decode_context_lens": a(attn.decode_context_lens),
-        "prefills": [(c.start, c.length, c.num_cached, a(c.block_table)) for c in attn.prefills],
-        "varlen": None if attn.seq_lens is None else [a(attn.block_tables), a(attn.seq_lens), a(attn.query_start_loc)],
-    }
-
-
-def step_from_wire(msg: dict[str, Any], device: str) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
-    def t(a: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(a).to(device)
-
-    attn = AttentionBatch(
-        slot_mapping=t(msg["slot_mapping"]),
-        num_decodes=msg["num_decodes"],
-        decode_block_tables=t(msg["decode_block_tables"]),
-        decode_context_lens=t(msg["decode_context_lens"]),
-        prefills=[PrefillChunk(s, n, c, t(table)) for s, n, c, table in msg["prefills"]],
-    )
-    if msg.get("varlen") is not None:  # the C++ CPU op's metadata (engine/kernels/cpu_attention.py)
-        attn.block_tables, attn.seq_lens, attn.query_start_loc = (t(a) for a in msg["varlen"])
-    return t(msg["input_ids"]), t(msg["positions"]), attn
-
-
-# the collectives ------------------------------------------------------------------------------
-
-
-def join_group(config: EngineConfig, rank: int, port: int, store: Any = None) -> None:
-    world = config.tensor_parallel
-    # The guard off is the guard absent: no timeout argument, so torch's own default applies.
-    timeout = {"timeout": datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)} if config.collective_timeout else {}
-    if store is None:
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
-    backend = "nccl" if config.device.startswith("cuda") else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, **timeout)
-
-
-class AllReduceTimer:
-    """The model's all-reduce hook: sums a row-parallel layer's partial outputs across ranks,
-    timing each (wall time, which includes waiting for the slowest rank; on CUDA only the launch)."""
-
-    def __init__(self, on_error: Callable[[Exception], None] | None = None) -> None:
-        self.on_error = on_error
-        self.step_s = 0.0
-        self.step_count = 0
-        self.recent_ms: deque[float] = deque(maxlen=50)  # per step, the latest steps
-        self.count_per_step = 0
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        start = time.perf_counter()
-        try:
-            dist.all_reduce(x)
-        except Exception as exc:
-            if self.on_error is None:
-                raise
-            self.on_error(exc)
-        self.step_s += time.perf_counter() - start
-        self.step_count += 1
-        return x
-
-    def end_step(self) -> None:
-        if self.step_count:
-            self.recent_ms.append(self.step_s * 1e3)
-            self.count_per_step = self.step_count
-        self.step_s, self.step_count = 0.0, 0
-
-    @property
-    def ms_per_step(self) -> float:
-        return sum(self.recent_ms) / len(self.recent_ms) if self.recent_ms else 0.0
-
-
-# rank 0's side --------------------------------------------------------------------------------
+# rank 0's side ----------------------------------------------------------------------------------------
 
 
 class ShardGroup:
     """Rank 0's handle on the other ranks: spawn them (they load while rank 0 does), connect,
-    start (tell them the KV block count), send each step, fail them all together."""
+    start (tell them the KV block count), send each step, pass the first stage's output on and
+    take the last stage's back, fail them all together."""
 
     def __init__(self, config: EngineConfig) -> None:
+        from engine.rank_worker import worker_main
+
         self.config = config
-        self.world = config.tensor_parallel
+        self.tp, self.pp = config.tensor_parallel, config.pipeline_parallel
+        self.world = world_size(config)
         self.cores = rank_cores(self.world)
         self._saved = (affinity(), torch.get_num_threads())
         ctx = mp.get_context("spawn")
         if dist.is_initialized():
-            raise ShardGroupError("this process already belongs to a process group (one tensor-parallel engine each)")
+            raise ShardGroupError("this process already belongs to a process group (one sharded engine each)")
         store = dist.TCPStore(
             "127.0.0.1", 0, self.world, is_master=True, timeout=datetime.timedelta(seconds=60), wait_for_workers=False
         )
@@ -184,7 +108,7 @@ class ShardGroup:
                 proc = ctx.Process(
                     target=worker_main,
                     args=(config, rank, store.port, theirs, cores, os.getpid()),
-                    name=f"servelab-tp-rank{rank}",
+                    name=f"servelab-rank{rank}",
                     daemon=True,
                 )
                 proc.start()
@@ -198,6 +122,18 @@ class ShardGroup:
             torch.set_num_threads(len(self.cores[0]))
         self.timer = AllReduceTimer(on_error=self._collective_failed)
         self.rank_weight_bytes: list[int] = []
+        self.rank_num_blocks: list[int] = []
+        self.rank_kv_block_bytes: list[int] = []
+        self.stage_clocks = [StageClock() for _ in range(self.pp)]
+        # Each stage's (start, end) on each batch, oldest first, until the batch lands; its busy total.
+        self.stage_spans: list[deque[tuple[float, float]]] = [deque(maxlen=64) for _ in range(self.pp)]
+        self._stage_busy = [0.0] * self.pp
+        self._stage_steps = [0] * self.pp
+        self.model: Llama | None = None
+        self.num_layers = 0
+        self.sender: StageSender | None = None
+        self._step_began = 0.0
+        self._later_wire: tuple[str, dict[str, Any]] | None = None
         self.closed = False
         self._store = store
 
@@ -208,9 +144,12 @@ class ShardGroup:
             reply = self._recv(conn, rank, START_TIMEOUT_S)
             if reply[0] != "ready":
                 self._fail(f"rank {rank} failed to start: {reply[1]}")
-            self.rank_weight_bytes.append(reply[1])
+            _, weight_bytes, num_blocks, block_bytes = reply
+            self.rank_weight_bytes.append(weight_bytes)
+            self.rank_num_blocks.append(num_blocks)
+            self.rank_kv_block_bytes.append(block_bytes)
         try:
-            join_group(self.config, 0, self._store.port, self._store)
+            self.timer.group = join_group(self.config, 0, self._store.port, self._store)
         except Exception as exc:  # noqa: BLE001
             self._fail(f"the process group did not form: {exc}")
 
@@ -219,26 +158,84 @@ class ShardGroup:
         """Every rank's process id, rank 0 (this process) first."""
         return [os.getpid()] + [p.pid for p in self.procs]
 
-    def start(self, model: Llama, weight_bytes: int, num_blocks: int) -> None:
-        """Hook the all-reduce into rank 0's model; tell every rank the KV block count rank 0 planned."""
-        model.all_reduce = self.timer
+    def start(self, model: Llama, num_layers: int, weight_bytes: int, num_blocks: int, block_bytes: int) -> int:
+        """Hook the all-reduce into rank 0's model; tell every rank the KV block count: the fewest
+        any rank has room for (rank 0's plan is num_blocks). num_layers: the whole model's.
+        Returns the block count."""
+        self.num_layers = num_layers
+        if self.tp > 1:
+            model.all_reduce = self.timer
+        self.model = model
+        if self.pp > 1:
+            self.sender = StageSender(self.tp, self.pp)
         self.rank_weight_bytes = [weight_bytes, *self.rank_weight_bytes]
-        self._send(("blocks", num_blocks))
+        self.rank_kv_block_bytes = [block_bytes, *self.rank_kv_block_bytes]
+        blocks = min([num_blocks, *self.rank_num_blocks])
+        self._send(("blocks", blocks), self.conns)
+        return blocks
 
     def send_step(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBatch) -> None:
+        """Before rank 0's forward: the step to the first stage's other ranks (they run it beside
+        rank 0); the later stages get it once the first stage's output is on its way (pass_on)."""
         self.timer.end_step()
+        self._read_reports()
         dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
         if dead:
             self._fail(f"rank {dead[0]} died")
-        self._send(("step", step_to_wire(input_ids, positions, attn)))
+        msg = ("step", step_to_wire(input_ids, positions, attn))
+        self._send(msg, self.conns[: self.tp - 1])
+        self._later_wire = msg
+        self._step_began = time.monotonic()
+
+    def pass_on(self, hidden: torch.Tensor) -> None:
+        """After rank 0's forward: the step to the later stages, the first stage's output to the second."""
+        self._record(0, self._step_began, time.monotonic())
+        assert self.sender is not None and self._later_wire is not None
+        self._send(self._later_wire, self.conns[self.tp - 1 :])
+        try:
+            self.sender.send(hidden)
+        except Exception as exc:  # noqa: BLE001 - a stage that never takes it
+            self._collective_failed(exc)
+
+    def take_back(self, num_tokens: int) -> torch.Tensor:
+        """The last stage's output for a batch rank 0 passed on (in the order they went)."""
+        assert self.model is not None
+        timeout = COLLECTIVE_TIMEOUT_S if self.config.collective_timeout else None
+        try:
+            hidden = receive_hidden(num_tokens, self.model, (self.pp - 1) * self.tp, timeout)
+        except Exception as exc:
+            self._collective_failed(exc)
+            raise  # unreachable: _collective_failed raises
+        self._read_reports()  # every stage wrote its span to its pipe before it passed the batch on
+        return hidden
+
+    def landed_stages(self) -> tuple[tuple[float, float], ...]:
+        """Each stage's (start, end) on the batch that just came back (stages work in order)."""
+        return tuple(spans.popleft() for spans in self.stage_spans if spans)
 
     def stats(self) -> dict[str, Any]:
+        self._read_reports()
         return {
-            "tensor_parallel": self.world,
-            "tp_rank_weight_bytes": list(self.rank_weight_bytes),
-            "tp_rank_pids": self.pids,
+            "tensor_parallel": self.tp,
+            "tp_rank_weight_bytes": self.rank_weight_bytes[: self.tp],
+            "tp_rank_pids": self.pids[: self.tp],
+            "rank_pids": self.pids,
             "allreduce_ms_per_step": self.timer.ms_per_step,
             "allreduces_per_step": self.timer.count_per_step,
+        } | self._pp_stats()
+
+    def _pp_stats(self) -> dict[str, Any]:
+        if self.pp == 1:
+            return pp_stats(sum(self.rank_weight_bytes), sum(self.rank_kv_block_bytes))
+        lead = [s * self.tp for s in range(self.pp)]  # each stage's TP rank 0
+        return {
+            "pipeline_parallel": self.pp,
+            "pp_stage_layers": stage_layers(self.num_layers, self.pp),
+            "pp_stage_weight_bytes": [sum(self.rank_weight_bytes[r : r + self.tp]) for r in lead],
+            "pp_stage_kv_block_bytes": [sum(self.rank_kv_block_bytes[r : r + self.tp]) for r in lead],
+            "pp_stage_pids": [self.pids[r] for r in lead],
+            "pp_stage_busy_ms_per_step": [c.busy_ms_per_step() for c in self.stage_clocks],
+            "pp_stage_idle_share": [c.idle_share(time.monotonic()) for c in self.stage_clocks],
         }
 
     def close(self) -> None:
@@ -246,7 +243,7 @@ class ShardGroup:
         if self.closed:
             return
         try:
-            self._send(None)
+            self._send(None, self.conns)
         except ShardGroupError:
             pass
         for proc in self.procs:
@@ -269,31 +266,58 @@ class ShardGroup:
             torch.set_num_threads(self._saved[1])
         self.closed = True
 
-    # failure ----------------------------------------------------------------------------------
+    # reports and failure ----------------------------------------------------------------------
+
+    def _read_reports(self) -> None:
+        """Each later stage's lead rank reports its span on every batch ("step", start, end)."""
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                while conn.poll():
+                    msg = conn.recv()
+                    if msg[0] == "step" and rank % self.tp == 0:
+                        self._record(rank // self.tp, msg[1], msg[2])
+            except (EOFError, OSError):
+                self._fail(f"rank {rank} is gone")
+
+    def _record(self, stage: int, start: float, end: float) -> None:
+        self.stage_spans[stage].append((start, end))
+        self._stage_busy[stage] += end - start
+        self._stage_steps[stage] += 1
+        self.stage_clocks[stage].add(end, self._stage_busy[stage], self._stage_steps[stage])
 
     def _collective_failed(self, exc: Exception) -> None:
-        stopped = [r for r, p in enumerate(self.procs, start=1) if _is_stopped(p.pid)]
-        dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        # A killed rank's socket resets before its process is seen to exit: look a moment longer.
+        settle = time.monotonic() + 1.0
+        while True:
+            stopped = [r for r, p in enumerate(self.procs, start=1) if _is_stopped(p.pid)]
+            dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+            if stopped or dead or time.monotonic() > settle:
+                break
+            time.sleep(0.05)
         if stopped:
-            why = f"rank {stopped[0]} stopped answering (collective timed out after {COLLECTIVE_TIMEOUT_S:.0f} s)"
+            why = f"{self._name(stopped[0])} stopped answering (timed out after {COLLECTIVE_TIMEOUT_S:.0f} s)"
         elif dead:
-            why = f"rank {dead[0]} died"
+            why = f"{self._name(dead[0])} died"
         else:
             why = f"a collective failed: {str(exc).splitlines()[0][:200]}"
         self._fail(why)
 
+    def _name(self, rank: int) -> str:
+        return f"rank {rank}" + (f" (pipeline stage {rank // self.tp})" if self.pp > 1 else "")
+
     def _fail(self, why: str) -> None:
         self.kill()
-        raise ShardGroupError(f"tensor-parallel group failed: {why}")
+        kind = "pipeline" if self.pp > 1 else "tensor-parallel"
+        raise ShardGroupError(f"{kind} group failed: {why}")
 
-    def _send(self, msg: Any) -> None:
+    def _send(self, msg: Any, conns: list[Any]) -> None:
         if self.closed:
-            raise ShardGroupError("tensor-parallel group is closed")
-        for rank, conn in enumerate(self.conns, start=1):
+            raise ShardGroupError("the replica's group is closed")
+        for conn in conns:
             try:
                 conn.send(msg)
             except OSError:
-                self._fail(f"rank {rank} is gone")
+                self._fail(f"{self._name(self.conns.index(conn) + 1)} is gone")
 
     def _recv(self, conn: Any, rank: int, timeout: float) -> Any:
         deadline = time.monotonic() + timeout
@@ -307,20 +331,38 @@ class ShardGroup:
             self._fail(f"rank {rank} is gone")
 
 
-def tp_stats(group: ShardGroup | None, weight_bytes: int) -> dict[str, Any]:
-    """The tensor-parallel facts engine.stats() reports, the same keys for one rank:
-    tensor_parallel (ranks), tp_rank_weight_bytes (weights each rank holds, rank 0 first),
-    tp_rank_pids, allreduce_ms_per_step (rank 0's wall time in all-reduces, mean of the latest
-    steps) and allreduces_per_step (2 per layer)."""
+def pp_stats(weight_bytes: int, block_bytes: int) -> dict[str, Any]:
+    """The pipeline facts of one stage (no pipeline): the keys a pipelined replica reports."""
+    return {
+        "pipeline_parallel": 1,
+        "pp_stage_layers": [],
+        "pp_stage_weight_bytes": [weight_bytes],
+        "pp_stage_kv_block_bytes": [block_bytes],
+        "pp_stage_pids": [os.getpid()],
+        "pp_stage_busy_ms_per_step": [],
+        "pp_stage_idle_share": [],
+    }
+
+
+def tp_stats(group: ShardGroup | None, weight_bytes: int, block_bytes: int) -> dict[str, Any]:
+    """The sharding facts engine.stats() reports, the same keys for one rank:
+    tensor_parallel (ranks a stage), tp_rank_weight_bytes (weights each rank of the first stage
+    holds, rank 0 first), tp_rank_pids, rank_pids (every rank's, rank 0 first), allreduce_ms_per_step (rank 0's wall time in all-reduces,
+    mean of the latest steps), allreduces_per_step (2 per layer of the stage); and with pipeline
+    stages, pipeline_parallel and per stage: pp_stage_layers, pp_stage_weight_bytes (its TP ranks
+    together), pp_stage_kv_block_bytes (one KV block's bytes there), pp_stage_pids (its lead
+    rank's), pp_stage_busy_ms_per_step and pp_stage_idle_share (the bubble, over the latest
+    STAGE_WINDOW_S)."""
     if group is not None:
         return group.stats()
     return {
         "tensor_parallel": 1,
         "tp_rank_weight_bytes": [weight_bytes],
         "tp_rank_pids": [os.getpid()],
+        "rank_pids": [os.getpid()],
         "allreduce_ms_per_step": 0.0,
         "allreduces_per_step": 0,
-    }
+    } | pp_stats(weight_bytes, block_bytes)
 
 
 def process_state(pid: int) -> str | None:
@@ -334,61 +376,3 @@ def process_state(pid: int) -> str | None:
 
 def _is_stopped(pid: int) -> bool:
     return process_state(pid) in ("T", "t")
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when the thread that spawned it dies (rank 0 killed)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-# ranks 1..t-1 ---------------------------------------------------------------------------------
-
-
-def worker_main(config: EngineConfig, rank: int, port: int, conn: Any, cores: list[int] | None, parent: int) -> None:
-    """Load the model, keep this rank's shard, then run each step rank 0 sends until None."""
-    from engine.memory import weight_footprint
-    from engine.model.loader import load_model
-    from engine.model.paths import default_gguf_path
-    from engine.runner import ModelRunner
-    from engine.torch_dtypes import DTYPES
-
-    _die_with_parent()
-    if os.getppid() != parent:
-        return
-    if cores:
-        set_affinity(cores)
-    torch.set_num_threads(len(cores) if cores else max(1, usable_cores() // config.tensor_parallel))
-    device, dtype = rank_device(config.device, rank), DTYPES[config.dtype]
-    try:
-        model = shard_model(
-            load_model(config.model or str(default_gguf_path()), dtype, device), rank, config.tensor_parallel
-        )
-        conn.send(("ready", weight_footprint(model)[0]))
-        join_group(config, rank, port)
-        _, num_blocks = conn.recv()
-    except Exception as exc:  # noqa: BLE001 - reported to rank 0, which fails the group
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    model.all_reduce = AllReduceTimer()
-    runner = ModelRunner(model, num_blocks, config.block_size, dtype, device, config.huge_pages)
-    try:
-        while True:
-            if not conn.poll(1.0):
-                if os.getppid() != parent:
-                    return
-                continue
-            msg = conn.recv()
-            if msg is None:
-                return
-            with torch.inference_mode():
-                model(*step_from_wire(msg[1], device), runner.kv_caches)
-    except (EOFError, OSError, RuntimeError):
-        return  # rank 0 is gone or failed the group; it kills us anyway
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()

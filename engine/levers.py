@@ -78,7 +78,10 @@ LEVERS: dict[str, Lever] = {
         Lever("gpu_count", int, 1, "Devices", "", 1, 512),  # the device budget the autoscaler scales within
         Lever("ttft_target_ms", int, 1000, "TTFT target (p99)", "ms", 10, 60000),
         Lever("paged", bool, True, "Paged KV + continuous batching", apply="rebuild"),
-        Lever("tensor_parallel", int, 1, "Tensor-parallel degree", "", choices=(1, 2, 4, 8), apply="rebuild"),
+        Lever("tensor_parallel", int, 1, "Tensor-parallel degree", "", choices=(1, 2, 4, 8, 16), apply="rebuild"),
+        # A replica is tensor_parallel x pipeline_parallel devices (engine/distributed.py).
+        Lever("pipeline_parallel", int, 1, "Pipeline stages", "", 1, 16, apply="rebuild"),
+        Lever("pipeline_overlap", bool, True, "Pipeline overlap (a batch per stage)", apply="rebuild"),
         Lever("weight_dtype", str, "bf16", "Weight dtype", choices=("bf16", "fp8", "fp4"), apply="sim"),
         Lever("kv_dtype", str, "bf16", "KV cache dtype", choices=("bf16", "fp8"), apply="sim"),
         Lever("prefill_gpus", int, 0, "Prefill pool (0 = colocated)", "GPUs", 0, 512, apply="sim"),

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 from array import array
+from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from engine import machine
 from engine.block_manager import BlockManager, blocks_for
@@ -25,21 +24,12 @@ from engine.detokenizer import detokenize_step
 from engine.distributed import ShardGroup, tp_stats
 from engine.errors import InvalidParamError
 from engine.executor import Executor
-from engine.kernels import pick_impl
-from engine.memory import plan_kv_blocks
-from engine.model.compile import compile_model
+from engine.live_executor import load_live
 from engine.model.llama import Llama
-from engine.model.loader import load_model
-from engine.model.paths import default_gguf_path
-from engine.model.sharding import shard_model
-from engine.model.tokenizer import load_tokenizer
-from engine.runner import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
 from engine.sequence import FinishReason, RequestTimes, Sequence, SequenceStatus, TokenLogprobs
 from engine.step_record import StepRing, step_record
-from engine.threads import ThreadGovernor
-from engine.torch_dtypes import DTYPES
 
 log = logging.getLogger("servelab.engine")
 
@@ -102,58 +92,16 @@ class LLMEngine:
         # What the latest steps ran (engine/step_record.py); None: not recorded (a headless simulation).
         self.step_records: StepRing | None = StepRing()
         self._step_started = 0.0
+        # Pipelined with overlap: the batches inside the stages, oldest first (batch, launch, began).
+        self._in_flight: deque[tuple[SchedulerOutput, Any, float]] = deque()
 
     def _load_live(self, config: EngineConfig) -> Executor:
         """Load the weights and tokenizer, shard them, plan the KV budget, build the runner."""
         _make_startup_visible()
-        # dtype "auto" becomes what this machine runs best (engine/machine.py); every rank and
-        # every later reader of the config sees the resolved dtype.
-        dtype_name, dtype_reason = machine.resolve_dtype(config.dtype, config.device)
-        config = self.config = config.replace(dtype=dtype_name)
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
-        torch.manual_seed(config.seed)
-        path = config.model or str(default_gguf_path())
-        self.dtype = DTYPES[config.dtype]
-        # tensor_parallel > 1: this process is rank 0 and holds rank 0's shard (engine/distributed.py).
-        self.shard_group = ShardGroup(config) if config.tensor_parallel > 1 else None
-        try:
-            self.model = load_model(path, self.dtype, config.device)
-            if self.shard_group is not None:
-                shard_model(self.model, 0, config.tensor_parallel)
-                self.shard_group.connect()
-            memory = plan_kv_blocks(config, self.model, self.dtype)
-        except BaseException:
-            self.close()
-            raise
-        tokenizer = load_tokenizer(path)
-        runner = ModelRunner(self.model, memory.num_blocks, config.block_size, self.dtype, config.device, config.huge_pages)
-        if self.shard_group is not None:
-            self.shard_group.start(self.model, memory.weight_bytes, memory.num_blocks)
-            runner.on_step = self.shard_group.send_step
-        self.model.batch_invariant = config.batch_invariant
-        # One rank on the CPU adapts its threads; batch_invariant keeps them fixed (the split-KV
-        # count follows the thread count, and with it the order of a long decode's sums).
-        if config.adaptive_threads and config.device == "cpu" and self.shard_group is None and not config.batch_invariant:
-            runner.governor = ThreadGovernor(torch.get_num_threads())
-        if config.compile and config.batch_invariant:  # Inductor would fuse the split matmuls back
-            log.info("compile: skipped (batch_invariant keeps the eager, row-tiled matmuls)")
-        elif config.compile:
-            compile_model(self.model, runner.kv_caches, config.max_batched_tokens, config.max_num_seqs)
-        self.plan = machine.EnginePlan(
-            config.device,
-            config.dtype,
-            dtype_reason,
-            # what the model did, not what it could have: it prepacks only where linear_path allowed
-            "onednn-prepacked" if self.model.packed_lm_head is not None else ("cublas" if config.device.startswith("cuda") else "torch"),
-            machine.attention_path(config.device, pick_impl(None, self.model.embed) == "cpu"),
-            self.model.compiled_forward is not None,
-            torch.get_num_threads(),
-            machine.cpu().describe() if config.device == "cpu" else machine.describe_cuda(),
-            ["threads adapt to busy neighbours"] if runner.governor is not None else [],
-        )
-        log.info("%s on %s: %s. %s", Path(path).name, config.device, self.plan.summary(), memory.describe())
-        return Executor(Path(path).name, self.model.cfg, memory, runner, tokenizer)
+        live = load_live(config)
+        self.config, self.model, self.plan, self.shard_group = live.config, live.model, live.plan, live.shard_group
+        self.dtype = live.dtype
+        return live.executor
 
     # requests ---------------------------------------------------------------------------------
 
@@ -219,9 +167,41 @@ class LLMEngine:
     def step(self, stream: bool = True) -> list[RequestOutput]:
         """stream=False: outputs only for requests that ended (a caller that reads the Sequence
         at the end, as LLM.generate and the what-if replica do); the decisions are the same."""
+        if self.shard_group is not None and self.config.pipeline_parallel > 1 and self.config.pipeline_overlap:
+            return self._step_overlapped(stream)
         outputs, batch = self.begin_step()
         if batch.seqs:
-            outputs += self.end_step(batch, self.runner.execute(batch), stream)
+            tokens = self.runner.execute(batch)
+            outputs += self.end_step(batch, tokens, stream, stages=self._landed_stages())
+        return outputs
+
+    def _landed_stages(self) -> tuple[tuple[float, float], ...]:
+        """Each pipeline stage's (start, end) on the batch that just came back; () without stages."""
+        group = self.shard_group
+        return group.landed_stages() if group is not None and group.pp > 1 else ()
+
+    def _step_overlapped(self, stream: bool) -> list[RequestOutput]:
+        """Pipeline stages at work at once: a new batch forms whenever the first stage is free and
+        fewer than pipeline_parallel batches are in flight (the running split evenly over them); the
+        oldest lands when the pipeline is full or nothing else can start. A sequence in flight is
+        not scheduled again until its batch lands: its next token depends on it."""
+        outputs: list[RequestOutput] = []
+        limit = self.config.pipeline_parallel
+        if len(self._in_flight) < limit:
+            share = -(-len(self.scheduler.running) // limit)
+            outputs, batch = self.begin_step(max(1, share))
+            if batch.seqs:
+                for seq in batch.seqs:
+                    seq.in_flight = True
+                self._in_flight.append((batch, self.runner.launch(batch), self._step_started))  # type: ignore[attr-defined]
+                if len(self._in_flight) < limit:
+                    return outputs
+        if self._in_flight:
+            batch, launched, started = self._in_flight.popleft()
+            tokens = self.runner.collect(launched)  # type: ignore[attr-defined]
+            for seq in batch.seqs:
+                seq.in_flight = False
+            outputs += self.end_step(batch, tokens, stream, started, self._landed_stages())
         return outputs
 
     def begin_step(self, max_continuing: int | None = None) -> tuple[list[RequestOutput], SchedulerOutput]:
@@ -237,15 +217,22 @@ class LLMEngine:
         return outputs, batch
 
     def end_step(
-        self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool = True, started: float | None = None
+        self,
+        batch: SchedulerOutput,
+        new_tokens: dict[str, int],
+        stream: bool = True,
+        started: float | None = None,
+        stages: tuple[tuple[float, float], ...] = (),
     ) -> list[RequestOutput]:
         """started: when this batch began, where batches overlap (a pipelined replica's stages);
-        otherwise the latest begin_step's."""
+        otherwise the latest begin_step's. stages: each pipeline stage's (start, end) on it."""
         self.num_steps += 1
         cfg, records = self.config, self.step_records  # read the batch before _postprocess moves it on
         if records is not None:
             began = self._step_started if started is None else started
-            records.append(step_record(batch, self.replica_id, began, self.clock.now(), cfg.max_batched_tokens, cfg.max_num_seqs))
+            records.append(
+                step_record(batch, self.replica_id, began, self.clock.now(), cfg.max_batched_tokens, cfg.max_num_seqs, stages)
+            )
         return self._postprocess(batch, new_tokens, stream)
 
     def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool) -> list[RequestOutput]:
@@ -324,10 +311,12 @@ class LLMEngine:
         now = self.clock.now()
         for request_id in list(self._to_abort):
             seq = self.requests.get(request_id)
+            if seq is not None and seq.in_flight:
+                continue  # its blocks are still being written by a pipeline stage: dropped once it lands
             if seq is not None:
                 self._finish(seq, FinishReason.ABORT, now)
                 outputs.append(RequestOutput(request_id, [], "", True, FinishReason.ABORT, seq))
-        self._to_abort.clear()
+            self._to_abort.discard(request_id)
         return outputs
 
     # reporting --------------------------------------------------------------------------------
@@ -353,7 +342,8 @@ class LLMEngine:
             "param_bytes": self.memory.param_bytes,
             "kv_budget_bytes": self.memory.kv_budget_bytes,
             "kv_bytes_per_token": self.memory.bytes_per_block // self.config.block_size,
-        } | tp_stats(self.shard_group, self.memory.weight_bytes)
+            "batches_in_flight": len(self._in_flight),
+        } | tp_stats(self.shard_group, self.memory.weight_bytes, self.memory.bytes_per_block)
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks, if any (a no-op for one rank)."""

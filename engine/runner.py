@@ -4,6 +4,8 @@ into a flat token batch, runs one forward pass, and samples the sequences that r
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -18,6 +20,24 @@ from engine.sequence import Sequence
 from engine.threads import ThreadGovernor
 
 PROMPT_LOGITS_ROWS = 256  # prompt positions per logits matmul when a request wants prompt logprobs
+
+
+class PipelineStages(Protocol):
+    """Rank 0's link to the later pipeline stages (engine/distributed.py ShardGroup)."""
+
+    def pass_on(self, hidden: torch.Tensor) -> None: ...
+
+    def take_back(self, num_tokens: int) -> torch.Tensor: ...
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose layers ran (or, pipelined, are running in the later stages): the sequences in
+    the order of its token rows, and the last layer's output once it is here."""
+
+    order: list[tuple[Sequence, int]]
+    hidden: torch.Tensor | None
+    num_tokens: int = 0
 
 
 class ModelRunner:
@@ -42,6 +62,8 @@ class ModelRunner:
         self.eos_token_ids = list(cfg.eos_token_ids)  # masked while a request is under min_tokens
         # Tensor parallelism: rank 0 sends each step's batch to the other ranks before running it.
         self.on_step: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], None] | None = None
+        # Pipeline parallelism: this process runs the first stage; the rest come back through this.
+        self.stages: PipelineStages | None = None
         # The latest step's raw logits (a reference, no copy) and whose each row is: how the
         # batch_invariant check compares a prompt's logits alone and inside a full batch.
         self.last_logits: tuple[list[str], torch.Tensor] | None = None
@@ -63,9 +85,14 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[lo - start : hi - start]).cpu()
             seq.prompt_logprobs += token_logprobs(logits, seq.prompt_token_ids[lo + 1 : hi + 1], [k] * (hi - lo))
 
-    @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
         """Run one step; returns the new token of every sequence whose known tokens are all computed."""
+        return self.collect(self.launch(batch))
+
+    @torch.inference_mode()
+    def launch(self, batch: SchedulerOutput) -> LaunchedStep:
+        """Build the step's tensors and run this process's layers: the whole model, or the first
+        pipeline stage, whose output then goes on to the second (the step is collected later)."""
         # Decodes sorted by length, so that attention's gather groups pad little.
         decodes = sorted(
             ((s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n == 1), key=lambda d: d[0].num_computed_tokens
@@ -77,11 +104,22 @@ class ModelRunner:
         if self.on_step is not None:
             self.on_step(input_ids, positions, attn)
         hidden = self.model(input_ids, positions, attn, self.kv_caches)
+        if self.stages is None:
+            return LaunchedStep(decodes + prefills, hidden)
+        self.stages.pass_on(hidden)
+        return LaunchedStep(decodes + prefills, None, len(input_ids))
 
+    @torch.inference_mode()
+    def collect(self, step: LaunchedStep) -> dict[str, int]:
+        """The step's new tokens, from the last layer's output (the last stage's, when pipelined)."""
+        hidden = step.hidden
+        if hidden is None:
+            assert self.stages is not None
+            hidden = self.stages.take_back(step.num_tokens)
         to_sample: list[Sequence] = []
         rows: list[int] = []
         offset = 0
-        for seq, n in decodes + prefills:
+        for seq, n in step.order:
             if seq.params.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens - 1:
                 self._prompt_logprobs(seq, hidden[offset : offset + n])
             offset += n

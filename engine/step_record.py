@@ -34,6 +34,8 @@ class StepRecord:
     max_num_seqs: int
     entries: tuple[StepEntry, ...]
     preempted: tuple[str, ...]  # request ids this step's scheduling preempted
+    # Pipeline stages: each stage's (start, end) on this batch, first stage first; empty without.
+    stages: tuple[tuple[float, float], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -44,11 +46,18 @@ class StepRecord:
             "replica": self.replica, "start": self.start, "end": self.end,
             "max_batched_tokens": self.max_batched_tokens, "max_num_seqs": self.max_num_seqs,
             "entries": [e._asdict() for e in self.entries], "preempted": list(self.preempted),
+            "stages": [list(span) for span in self.stages],
         }  # fmt: skip
 
 
 def step_record(
-    batch: SchedulerOutput, replica: int, start: float, end: float, max_batched_tokens: int, max_num_seqs: int
+    batch: SchedulerOutput,
+    replica: int,
+    start: float,
+    end: float,
+    max_batched_tokens: int,
+    max_num_seqs: int,
+    stages: tuple[tuple[float, float], ...] = (),
 ) -> StepRecord:
     """Read before the step's tokens are counted: a sequence is still prefilling while its
     computed tokens are short of its prompt (after a preemption, of everything it had)."""
@@ -57,7 +66,7 @@ def step_record(
         for seq, n in zip(batch.seqs, batch.num_new_tokens)
     )
     preempted = tuple(seq.request_id for seq in batch.preempted)
-    return StepRecord(replica, start, end, max_batched_tokens, max_num_seqs, entries, preempted)
+    return StepRecord(replica, start, end, max_batched_tokens, max_num_seqs, entries, preempted, stages)
 
 
 def _decoding(seq: Sequence) -> bool:

@@ -37,6 +37,7 @@
                ["warm pool", (s) => (s.replicas.warm || 0) + (s.replicas.warming || 0), "dot"]],
     batch_size: [["batch", (s) => s.batch_size], ["slots", (s) => s.max_num_seqs, "dot"]],
     allreduce_ms: [["all-reduce ms per step", (s) => s.allreduce_ms], ["ITL p50 ms", (s) => (s.itl_p50 === null ? null : s.itl_p50 * 1000)]],
+    stage_idle: [0, 1, 2, 3].map((i) => ["stage " + i + " idle %", (s) => (s.stage_idle && i < s.stage_idle.length ? s.stage_idle[i] * 100 : null)]),
     scaling: [["scale changes", (s) => s.scale_changes_total], ["replicas ordered", (s) => s.replicas_ordered_total],
               ["streams cut mid-stream", (s) => s.streams_cut_mid_stream]],
   };
@@ -149,7 +150,7 @@
     }
     if ($("#live-status")) {
       $("#live-status").textContent = lab.status;
-      $("#live-replicas").textContent = lab.levers.gpu_count / lab.levers.tensor_parallel;
+      $("#live-replicas").textContent = Math.floor(lab.levers.gpu_count / (lab.levers.tensor_parallel * (lab.levers.pipeline_parallel || 1)));
       $("#live-kv").textContent = lab.levers.kv_budget_mb + " MB per device";
     }
   }

@@ -13,11 +13,11 @@
   const CHART_KEYS = {
     queue_depth: ["queue_depth"], running: ["running"], kv_blocks: ["kv_used_blocks"], ttft: ["ttft_p50", "client_ttft_p50"],
     itl: ["itl_p50"], tokens_per_s: ["tokens_per_s"], preempted: ["preempted"], batch_size: ["batch_size"],
-    allreduce_ms: ["allreduce_ms", "itl_p50"], scaling: ["scale_changes_total"],
+    allreduce_ms: ["allreduce_ms", "itl_p50"], scaling: ["scale_changes_total"], stage_idle: ["stage_idle"],
   };
   // The snapshot keys a remote may not expose, in the charts' words.
   const MISSING_WORDS = {
-    allreduce_ms: "all-reduce time", max_num_seqs: "batch slots", waiting: "waiting inside replicas (its queue is one number)",
+    allreduce_ms: "all-reduce time", stage_idle: "pipeline stages' idle share", max_num_seqs: "batch slots", waiting: "waiting inside replicas (its queue is one number)",
     kv_total_blocks: "KV block count (the KV chart shows percent)", kv_used_blocks: "KV use", queue_depth: "queue depth",
     running: "running requests", ttft_p50: "TTFT", itl_p50: "ITL", e2el_p50: "e2e latency", queue_time_p50: "queue time",
     tokens_per_s: "output tokens/s", preempted: "preemptions", prefix_hit_rate: "prefix-cache hit rate",

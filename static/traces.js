@@ -74,6 +74,8 @@
     if (lanes) drawSwimlanes(lanes);
     const batch = document.getElementById("chart-batch_steps");
     if (batch) drawBatch(batch);
+    const stages = document.getElementById("chart-stage_steps");
+    if (stages) drawStages(stages);
     cost.draws += 1;
     cost.ms += performance.now() - t0;
   }
@@ -261,6 +263,44 @@
       note.textContent = "No engine steps yet: start traffic or send a prompt.";
     }
   }
+  // Pipeline stages over the latest steps of one replica: a lane per stage, each batch a bar where
+  // the stage worked on it; the lane's shaded background shows through where it idled (the bubble).
+  function drawStages(container) {
+    const left = 54, right = 8, top = 6, laneH = 22, gap = 6, bottom = 16;
+    const piped = steps.filter((s) => s.stages && s.stages.length > 1);
+    const replica = piped.length ? piped[piped.length - 1].replica : null;
+    const shown = piped.filter((s) => s.replica === replica);
+    const count = shown.length ? Math.max(...shown.map((s) => s.stages.length)) : 2;
+    const height = top + count * (laneH + gap) + bottom;
+    const { svg, width, note } = frame(container, height, [
+      ["a stage working on a batch (a colour per batch)", "hsl(210,70%,55%)"], ["idle: the bubble", "#ffe3e3"],
+    ]);
+    if (!shown.length) {
+      note.textContent = "No pipelined steps yet: set pipeline_parallel to 2 or more and send traffic.";
+      return;
+    }
+    const t0 = Math.min(...shown.map((s) => s.stages[0][0]));
+    const t1 = Math.max(...shown.map((s) => s.stages[s.stages.length - 1][1]));
+    const span = Math.max(1e-6, t1 - t0);
+    const x = (t) => left + ((t - t0) / span) * (width - left - right);
+    const busy = new Array(count).fill(0);
+    for (let k = 0; k < count; k++) {
+      const y = top + k * (laneH + gap);
+      el("rect", { class: "stage-idle", x: left, y: y, width: width - left - right, height: laneH }, svg);
+      axisText(svg, left - 4, y + laneH / 2 + 4, "stage " + k);
+    }
+    shown.forEach((s, i) => {
+      s.stages.forEach(([a, b], k) => {
+        busy[k] += b - a;
+        const bar = el("rect", { class: "stage-busy", "data-stage": k, x: x(a), y: top + k * (laneH + gap), width: Math.max(1, x(b) - x(a)),
+          height: laneH, fill: "hsl(" + ((i * 47) % 360) + ",60%,55%)" }, svg);
+        title(bar, "stage " + k + " on a batch of " + s.entries.length + " sequence(s): " + ms(b - a));
+      });
+    });
+    axisText(svg, width - right, height - 3, (span * 1000).toFixed(0) + " ms shown");
+    note.textContent = "replica " + replica + ", the latest " + shown.length + " batches: " +
+      busy.map((b, k) => "stage " + k + " idle " + Math.round(100 * Math.max(0, 1 - b / span)) + "%").join(", ") + ".";
+  }
   function axisText(svg, x, y, text) {
     el("text", { class: "axis-label", x: x, y: y, "text-anchor": "end" }, svg).textContent = text;
   }
@@ -277,6 +317,7 @@
     ".trace-svg .budget { stroke: #e03131; stroke-width: 1.5; stroke-dasharray: 4 2; }",
     ".trace-svg .slots { stroke: #7048e8; stroke-dasharray: 3 2; } .trace-svg .seq-count { fill: #b197fc; }",
     ".trace-svg .step-time { fill: #adb5bd; }",
+    ".trace-svg .stage-idle { fill: #ffe3e3; } .chart-card:has(#chart-stage_steps) { grid-column: 1 / -1; }",
     ".trace-legend { display: flex; flex-wrap: wrap; gap: 4px 12px; font-size: 10px; color: #495057; margin: 4px 0; }",
     ".trace-legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; border-radius: 2px; vertical-align: -1px; }",
     ".trace-note { font-size: 11px; color: #495057; white-space: pre-line; min-height: 1.2em; margin-bottom: 4px; }",

@@ -81,6 +81,6 @@ def _unit_tests_load_no_model(request: pytest.FixtureRequest, monkeypatch: pytes
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"{request.node.nodeid} is in the unit tier but loads the model: tests/conftest.py")
 
-    import engine.llm_engine
+    import engine.live_executor
 
-    monkeypatch.setattr(engine.llm_engine, "load_model", refuse)
+    monkeypatch.setattr(engine.live_executor, "load_model", refuse)

@@ -180,7 +180,7 @@ def test_the_refusals_and_no_rank_left_stopped(sleeper: int) -> None:
     lab = build_lab({"kv_budget_mb": 16}, engine={"dtype": "float32"}, drain_timeout_s=1.0)
     try:
         err = refusal(lambda: lab.hang_rank("stop"))  # tensor_parallel 1: nothing to stop
-        assert (err.status, err.param) == (409, "tensor_parallel") and "set tensor_parallel to 2" in err.message
+        assert (err.status, err.param) == (409, "tensor_parallel") and "set tensor_parallel or pipeline_parallel to 2" in err.message
         assert refusal(lambda: lab.hang_rank("resume")).param == "action"
         with pytest.raises(InvalidParamError) as bad:
             lab.hang_rank("pause")

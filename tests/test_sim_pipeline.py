@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig
+from engine.model.partition import stage_layers
 from engine.sim.cost_model import CostModel, StepShape
-from engine.sim.deployment import Deployment, SimConfigError, stage_layers
+from engine.sim.deployment import Deployment, SimConfigError
 from engine.sim.devices import get_device
 from engine.sim.models import get_model
 from engine.sim.run import simulate

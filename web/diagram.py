@@ -36,6 +36,7 @@ BOXES = (
     Box("worker", "Replica", "prefill + decode", 3, 600, 100, 140),
     Box("kv", "Paged KV cache", "blocks, prefix hits", 5, 600, 186, 140),
     Box("shards", "Model shards", "tensor parallel", 6, 600, 14, 140),
+    Box("stages", "Pipeline stages", "layers in turn, a batch each", 6, 440, 14, 140),
     Box("autoscaler", "Autoscaler", "warm pool, drain", 7, 290, 186, 270),
 )
 EDGES = (
@@ -45,6 +46,7 @@ EDGES = (
     ("scheduler", "worker"),
     ("worker", "kv"),
     ("worker", "shards"),
+    ("stages", "shards"),
     ("flood", "router"),
     ("autoscaler", "worker"),
 )

@@ -36,12 +36,16 @@ CHARTS = {  # the live charts a lesson may name, with the title a page gives eac
     "replicas": "Replicas by state",
     "batch_size": "Batch size / slots",
     "allreduce_ms": "Tensor parallel: all-reduce time per step (ms)",
+    "stage_idle": "Pipeline stages: each stage's idle share, the bubble (%)",
     "scaling": "Autoscaler: scale changes, replicas ordered, streams cut (totals)",
     # Drawn by static/traces.js from the `trace` event, not from the metrics snapshot.
     "swimlanes": "Requests, one row each: queued, waiting, prefill chunks, decode, preempted, end",
     "batch_steps": "The batch, step by step: tokens per engine step against the budget",
+    "stage_steps": "Pipeline stages, batch by batch: where each stage worked, and where it idled (the bubble)",
 }
-TRACE_CHARTS = frozenset({"swimlanes", "batch_steps"})  # the charts above that are not Plotly series
+TRACE_CHARTS = frozenset({"swimlanes", "batch_steps", "stage_steps"})  # the charts above that are not Plotly series
+# The charts only an engine of ours can feed: the traces, and the pipeline stages' busy time.
+OWN_ENGINE_CHARTS = TRACE_CHARTS | {"stage_idle"}
 FILE_NAME = re.compile(r"^(\d\d)-[a-z0-9-]+\.md$")
 _markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
 

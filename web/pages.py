@@ -15,7 +15,7 @@ from engine.levers import LEVERS
 from web.diagram import diagram
 from web.evolution import EVOLUTION
 from web.failures import FAILURES
-from web.lessons import CHARTS, TRACE_CHARTS, LessonLibrary
+from web.lessons import CHARTS, OWN_ENGINE_CHARTS, LessonLibrary
 
 ROOT = Path(__file__).resolve().parent.parent
 # What /static/vendor/<name> serves, from node_modules (package.json pins the versions).
@@ -43,10 +43,10 @@ def index() -> str:
 
 
 def _drawable(charts: Iterable[str]) -> list[str]:
-    """The charts this lab can feed: the swimlanes and batch steps need an engine of ours (a
-    remote lab has no request traces, only the remote's aggregates)."""
+    """The charts this lab can feed: the swimlanes, the batch and stage charts need an engine of
+    ours (a remote lab has no request traces or stage timings, only the remote's aggregates)."""
     names = list(charts)
-    return names if lab().traces is not None else [c for c in names if c not in TRACE_CHARTS]
+    return names if lab().traces is not None else [c for c in names if c not in OWN_ENGINE_CHARTS]
 
 
 @pages.get("/steps/<int:number>")

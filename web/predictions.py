@@ -23,6 +23,7 @@ PREDICT_METRICS = {
     "tokens_per_s": "output tokens/s",
     "batch_size": "batch size",
     "kv_used_blocks": "KV blocks used",
+    "kv_total_blocks": "KV blocks in all",
     "preempted": "preemptions (total)",
     "wasted_tokens_per_s": "wasted tokens/s",
 }

@@ -19,7 +19,7 @@ LIVE_FLOOD = FloodLimits(FLOOD_MAX_RATE)
 LIVE_MAX = {
     "request_rate": FLOOD_MAX_RATE, "prompt_tokens": 4000, "output_tokens": 2000, "max_num_seqs": 256,
     "max_batched_tokens": 16384, "queue_cap": 10000, "min_replicas": 64, "max_replicas": 64, "warm_pool": 16,
-    "provision_delay_s": 600,
+    "provision_delay_s": 600, "pipeline_parallel": 4,
 }
 
 
@@ -46,6 +46,7 @@ def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, devi
             f"engine stays on {LIVE_MODEL} (choose the simulated executor to run it)",
         )
     tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
+    pp = int(merged.get("pipeline_parallel", 1))
     what = "CUDA GPUs" if device.startswith("cuda") else "CPU cores"
     if count > devices:
         raise InvalidParamError(
@@ -57,10 +58,17 @@ def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, devi
         raise InvalidParamError(
             "tensor_parallel", f"a shard group of {tp} needs {tp} devices; this machine has {devices} {what}"
         )
-    if count % tp:
-        raise InvalidParamError("gpu_count", f"must be a multiple of tensor_parallel ({tp})")
-    if int(merged["min_replicas"]) * tp > count:
+    if tp * pp > devices:
+        raise InvalidParamError(
+            "pipeline_parallel",
+            f"{pp} stages of {tp} rank(s) need {tp * pp} devices; this machine has {devices} {what}",
+        )
+    per_replica = tp * pp
+    shape = f"tensor_parallel x pipeline_parallel ({tp} x {pp})" if pp > 1 else f"tensor_parallel ({tp})"
+    if count % per_replica:
+        raise InvalidParamError("gpu_count", f"must be a multiple of {shape}")
+    if int(merged["min_replicas"]) * per_replica > count:
         raise InvalidParamError(
             "min_replicas",
-            f"{merged['min_replicas']} replica(s) of {tp} device(s) need more than gpu_count ({count}) devices",
+            f"{merged['min_replicas']} replica(s) of {per_replica} device(s) need more than gpu_count ({count}) devices",
         )

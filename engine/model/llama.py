@@ -159,12 +159,17 @@ class Llama(nn.Module):
         positions: torch.Tensor,
         attn: AttentionBatch,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """hidden: a later pipeline stage's input, the previous stage's residual stream (the
+        first stage embeds input_ids). Returns the residual stream after this model's layers."""
         impl = pick_impl(self.attention_impl, self.embed)
         if impl == "cpu" and attn.seq_lens is not None:  # the C++ op: tensors only, so it compiles
             self.choose_long_chunks()
-            run = self.compiled_forward or self.forward_varlen
             meta = (attn.slot_mapping, attn.block_tables, attn.seq_lens, attn.query_start_loc)
+            if hidden is not None:  # a pipeline stage never compiles (engine/model/compile.py: one rank)
+                return self.forward_varlen(input_ids, positions, *meta, kv_caches, hidden)
+            run = self.compiled_forward or self.forward_varlen
             return run(input_ids, positions, *meta, kv_caches)
 
         def attend(
@@ -172,7 +177,7 @@ class Llama(nn.Module):
         ) -> torch.Tensor:
             return self._attend_pieces(q, k, v, kc, vc, attn, impl)
 
-        return self._layers(input_ids, positions, kv_caches, attend)
+        return self._layers(input_ids, positions, kv_caches, attend, hidden)
 
     def forward_varlen(
         self,
@@ -183,6 +188,7 @@ class Llama(nn.Module):
         seq_lens: torch.Tensor,
         query_start_loc: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The forward over the C++ CPU op: every sequence's attention in one call per layer."""
         scale = self.cfg.head_dim**-0.5
@@ -201,7 +207,7 @@ class Llama(nn.Module):
                 q, kc, vc, block_tables, seq_lens, query_start_loc, scale, split_tokens, sdpa_from=long_from, amx=amx
             )
 
-        return self._layers(input_ids, positions, kv_caches, attend)
+        return self._layers(input_ids, positions, kv_caches, attend, hidden)
 
     def _layers(
         self,
@@ -209,10 +215,11 @@ class Llama(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         attend: Callable[..., torch.Tensor],
+        hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
         cfg = self.cfg
         eps, inv = cfg.rms_norm_eps, self.batch_invariant
-        h = F.embedding(input_ids, self.embed)
+        h = F.embedding(input_ids, self.embed) if hidden is None else hidden
         cos = self.rope_cos.index_select(0, positions).to(h.dtype)
         sin = self.rope_sin.index_select(0, positions).to(h.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):

@@ -155,9 +155,18 @@ _HF_NAMES = {
 }
 
 
-def _read_hf_folder(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
-    from safetensors.torch import load_file
+def model_config(path: str | Path) -> LlamaConfig:
+    """The model's shape alone (no tensor is read): what a sharded replica checks before it
+    spawns its ranks."""
+    path = Path(path)
+    if path.is_dir():
+        return _hf_config(path)
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_config(path)
+    raise ModelLoadError(f"no GGUF file or HF model folder at {str(path)!r}")
 
+
+def _hf_config(path: Path) -> LlamaConfig:
     config_file = path / "config.json"
     if not config_file.exists():
         raise ModelLoadError(f"{str(path)!r} has no config.json")
@@ -168,7 +177,7 @@ def _read_hf_folder(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
         )
     num_heads = raw["num_attention_heads"]
     eos = raw.get("eos_token_id")
-    cfg = LlamaConfig(
+    return LlamaConfig(
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
         intermediate_size=raw["intermediate_size"],
@@ -183,6 +192,12 @@ def _read_hf_folder(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=[] if eos is None else (eos if isinstance(eos, list) else [eos]),
     )
+
+
+def _read_hf_folder(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    cfg = _hf_config(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{str(path)!r} has no .safetensors files")

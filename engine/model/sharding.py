@@ -1,39 +1,56 @@
-"""Tensor-parallel sharding of a LLaMA model: which slice of every layer's weights a rank keeps.
+"""Sharding a LLaMA model: which slice of every layer's weights a tensor-parallel rank keeps, and
+which layers a pipeline stage keeps.
 
 Q/K/V and gate/up split by output rows (column-parallel), o and down by input columns
 (row-parallel, summed by an all-reduce in engine/distributed.py). Heads split by KV group, as
 evenly as they go (SmolLM2-135M's 3 groups split 2 + 1 for two ranks); the embedding and the
-tied LM head stay whole on every rank."""
+tied LM head stay whole on every rank.
+
+Pipeline stages keep contiguous layers, split as vLLM splits them (stage_layers). The first stage
+embeds; its rank 0 also samples, so it keeps the LM head too (tied to the embeddings in SmolLM2:
+no extra bytes); later stages hold their layers only."""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 import torch
 from torch import nn
 
 from engine.errors import InvalidParamError
-from engine.model.llama import Llama
+from engine.model.llama import Llama, LlamaConfig
+from engine.model.partition import split_evenly, stage_range
 
 
-def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
-    """[lo, hi) ranges of n items over parts; the first ranks take one more when uneven."""
-    base, extra = divmod(n, parts)
-    bounds = [0]
-    for r in range(parts):
-        bounds.append(bounds[-1] + base + (r < extra))
-    return list(itertools.pairwise(bounds))
+def check_split(cfg: LlamaConfig, tp: int, pp: int) -> None:
+    """InvalidParamError naming the lever where the model cannot split so (before any rank spawns)."""
+    if tp > cfg.num_kv_heads:
+        raise InvalidParamError(
+            "tensor_parallel", f"at most the model's {cfg.num_kv_heads} KV heads (heads split by KV group)"
+        )
+    if pp > cfg.num_layers:
+        raise InvalidParamError("pipeline_parallel", f"at most the model's {cfg.num_layers} layers")
+
+
+def keep_stage(model: Llama, stage: int, pp: int) -> Llama:
+    """Keep only stage's layers, in place; model.cfg.num_layers becomes the stage's, so the runner
+    allocates KV for those layers alone. Stages after the first drop the embeddings (and the head)."""
+    cfg = model.cfg
+    check_split(cfg, 1, pp)
+    lo, hi = stage_range(cfg.num_layers, stage, pp)
+    model.layers = nn.ModuleList(list(model.layers)[lo:hi])
+    if stage > 0:
+        empty = nn.Parameter(model.embed.data.new_empty(0, cfg.hidden_size), requires_grad=False)
+        model.embed, model.lm_head, model.packed_lm_head = empty, empty, None
+    model.cfg = replace(cfg, num_layers=hi - lo)
+    return model
 
 
 def shard_model(model: Llama, rank: int, world: int) -> Llama:
     """Keep only rank's shard of every layer's weights, in place; model.cfg becomes the shard's
     (its head counts and intermediate size), so attention and the KV cache need no other change."""
     cfg = model.cfg
-    if world > cfg.num_kv_heads:
-        raise InvalidParamError(
-            "tensor_parallel", f"at most the model's {cfg.num_kv_heads} KV heads (heads split by KV group)"
-        )
+    check_split(cfg, world, 1)
     d, per_group = cfg.head_dim, cfg.num_heads // cfg.num_kv_heads
     g_lo, g_hi = split_evenly(cfg.num_kv_heads, world)[rank]
     i_lo, i_hi = split_evenly(cfg.intermediate_size, world)[rank]

@@ -114,7 +114,9 @@ SIDE_FIELDS = {f.key: f for f in (
     Field("model", str, choices=MODEL_NAMES),
     Field("device", str, choices=DEVICE_NAMES),
     Field("gpu_count", int, 1, 512),
-    Field("tensor_parallel", int, choices=(1, 2, 4, 8)),
+    Field("tensor_parallel", int, choices=(1, 2, 4, 8, 16)),
+    Field("pipeline_parallel", int, 1, 16),
+    Field("pipeline_overlap", bool),
     Field("weight_dtype", str, choices=WEIGHT_DTYPES),
     Field("kv_dtype", str, choices=KV_DTYPES),
     Field("prefill_gpus", int, 0, 512),  # 0 with decode_gpus 0: colocated
@@ -144,7 +146,7 @@ REASON_KEYS = (
     ("--prefill-gpus", "prefill_gpus"), ("--decode-gpus", "decode_gpus"), ("disaggregation", "prefill_gpus"),
     ("--min-replicas", "min_replicas"), ("warm pool", "warm_pool"), ("autoscaling", "autoscale"),
     ("kv dtype", "kv_dtype"), ("of weights", "model"), ("fp4", "weight_dtype"), ("dtype", "weight_dtype"),
-    ("whole number of tp", "gpu_count"), ("tensor parallel", "tensor_parallel"), ("pipeline parallel", "gpu_count"), ("context", "prompt_tokens"),
+    ("whole number of tp", "gpu_count"), ("tensor parallel", "tensor_parallel"), ("pipeline parallel", "pipeline_parallel"), ("context", "prompt_tokens"),
     ("device", "device"), ("burst", "burst_factor"), ("kv", "kv_budget_mb"),
 )  # fmt: skip
 

@@ -11,21 +11,13 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.memory import MemoryPlan, activation_bytes, plan_budget
 from engine.model.llama import LlamaConfig
+from engine.model.partition import stage_layers
 from engine.sim import constants as C
 from engine.sim.devices import Device
 from engine.sim.models import ModelSpec
 
 WEIGHT_DTYPES = ("bf16", "fp8", "fp4")
 KV_DTYPES = ("bf16", "fp8")
-
-
-def stage_layers(num_layers: int, pp: int) -> list[int]:
-    """Contiguous layers per pipeline stage as vLLM splits them (get_pp_indices): an even share,
-    and the remainder one each to the stages before the last (the last also holds the LM head)."""
-    parts = [num_layers // pp] * pp
-    for i in range(2, num_layers % pp + 2):
-        parts[-i] += 1
-    return parts
 
 
 class SimConfigError(ValueError):

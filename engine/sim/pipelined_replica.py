@@ -13,21 +13,25 @@ while the others work, the bubble the lesson shows.
 
 from __future__ import annotations
 
+from typing import Any
+
 from engine.scheduler import SchedulerOutput
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.sim.cost_model import StepCost
 from engine.sim.replica import LIVE, SimReplica
+from engine.stage_clock import StageClock
 
 
 class PipelinedSimReplica(SimReplica):
     def __init__(self, *args: object, stages: int, overlap: bool = True, **kwargs: object) -> None:
-        self.stages = stages
         self.max_batches = stages if overlap else 1
         self.stage_busy_s = [0.0] * stages
-        self._stage_free = [0.0] * stages  # when each stage finishes the work it has been given
+        self.stage_clocks = [StageClock() for _ in range(stages)]  # the lab's windowed bubble
         self._in_flight = 0  # batches inside the pipeline
         self._begin_pending = False
+        self._landed = 0
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        # When each stage finishes the work it has been given.
         self._stage_free = [self.loop.clock.now()] * stages
 
     @property
@@ -63,24 +67,31 @@ class PipelinedSimReplica(SimReplica):
         for seq in batch.seqs:
             seq.in_flight = True
         tokens = self.runner.execute(batch)
-        lands = self._through_stages(now, self.runner.last_stages)
+        spans = self._through_stages(now, self.runner.last_stages)
         self._in_flight += 1
-        self.loop.at(lands, lambda: self._land(batch, tokens, now))
+        self.loop.at(spans[-1][1] + self.runner.last_stages[-1].transfer_s, lambda: self._land(batch, tokens, now, spans))
         if self._in_flight < self.max_batches:
             self._begin_soon()
 
-    def _through_stages(self, start: float, costs: list[StepCost]) -> float:
-        """Books the batch on each stage in turn; returns when the last stage ends it."""
-        ready = start
+    def _through_stages(self, start: float, costs: list[StepCost]) -> tuple[tuple[float, float], ...]:
+        """Books the batch on each stage in turn; each stage's (start, end) on it."""
+        ready, spans = start, []
         for s, cost in enumerate(costs):
             begins = max(ready, self._stage_free[s])
             self._stage_free[s] = begins + cost.compute_s
             self.stage_busy_s[s] += cost.compute_s
+            spans.append((begins, self._stage_free[s]))
             ready = self._stage_free[s] + cost.transfer_s  # the activations reach the next stage
-        return ready
+        return tuple(spans)
 
-    def _land(self, batch: SchedulerOutput, tokens: dict[str, int], started: float) -> None:
+    def _land(
+        self, batch: SchedulerOutput, tokens: dict[str, int], started: float, spans: tuple[tuple[float, float], ...]
+    ) -> None:
         self._in_flight -= 1
+        self._landed += 1
+        now = self.loop.clock.now()
+        for clock, busy in zip(self.stage_clocks, self.stage_busy_s):
+            clock.add(now, busy, self._landed)
         for seq in batch.seqs:
             seq.in_flight = False
         if self.state not in LIVE:
@@ -94,11 +105,15 @@ class PipelinedSimReplica(SimReplica):
                     kept.add(seq, n)
         kv = self.engine.kv
         self.kv_usage_max = max(self.kv_usage_max, kv.num_used_blocks / kv.num_blocks)
-        self._report(self.engine.end_step(kept, tokens, stream=False, started=started))
+        self._report(self.engine.end_step(kept, tokens, stream=False, started=started, stages=spans))
         self.stats = self._snapshot()
         self.tokens_out += sum(1 for seq in kept.seqs if seq.request_id in tokens)
         self._publish(len(kept.seqs))
         self._begin_soon()
+
+    def _extra_stats(self) -> dict[str, Any]:
+        now = self.loop.clock.now()
+        return {"pp_stage_idle_share": [clock.idle_share(now) for clock in self.stage_clocks]}
 
     def stage_idle_share(self, elapsed_s: float) -> list[float]:
         """Each stage's idle share of elapsed_s (the bubble, where the pipeline is not full)."""

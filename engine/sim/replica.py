@@ -205,6 +205,10 @@ class SimReplica:
             self._publish(len(batch.seqs))
         self._begin()
 
+    def _extra_stats(self) -> dict[str, Any]:
+        """What a kind of replica adds to its step's stats (a pipelined one: its stages)."""
+        return {}
+
     def _publish(self, batch_size: int) -> None:
         """What a live replica's StepMessage carries: its stats and the requests it finished."""
         if self.on_message is None:
@@ -220,7 +224,7 @@ class SimReplica:
             "prefix_cache_queries": self.engine.kv.prefix_queries, "prefix_cache_hits": self.engine.kv.prefix_hits,
             "num_expired": self.engine.scheduler.num_expired,
             "expired_prefill_tokens": self.engine.scheduler.expired_prefill_tokens,
-        }
+        } | self._extra_stats()
         deltas, self._deltas = self._deltas, []
         errors, self._errors = self._errors, []
         steps = self.engine.step_records.take() if self.engine.step_records is not None else []

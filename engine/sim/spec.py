@@ -20,7 +20,8 @@ from engine.sim.workload import Burst, SimRequest, make_workload
 # are the same names) and the SimSpec field it sets. The simulated lab, predict-then-run and A/B
 # all build their SimSpec through spec_fields; each names the levers that apply to it.
 LEVER_FIELDS: dict[str, str] = {
-    "model": "model", "device": "device", "gpu_count": "gpus", "tensor_parallel": "tp", "weight_dtype": "dtype",
+    "model": "model", "device": "device", "gpu_count": "gpus", "tensor_parallel": "tp", "pipeline_parallel": "pp",
+    "pipeline_overlap": "pp_overlap", "weight_dtype": "dtype",
     "kv_dtype": "kv_dtype", "prompt_tokens": "input_tokens", "output_tokens": "output_tokens",
     "input_range_ratio": "input_range_ratio", "request_rate": "rate", "burstiness": "burstiness",
     "burst_factor": "burst_factor", "burst_at_s": "burst_at_s", "burst_s": "burst_s", "num_requests": "num_requests",

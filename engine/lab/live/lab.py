@@ -161,7 +161,7 @@ class LiveLab:
             in_place = {k: changed[k] for k in ENGINE_IN_PLACE if k in changed}
             if in_place:
                 self.fleet.reconfigure(**in_place)
-            if any(k in changed for k in (*AUTOSCALER_LEVERS, *TARGET_LEVERS, "gpu_count", "tensor_parallel")):
+            if any(k in changed for k in (*AUTOSCALER_LEVERS, *TARGET_LEVERS, "gpu_count", "tensor_parallel", "pipeline_parallel")):
                 self.autoscaler.reconfigure(**self._scaling())
             if rebuild:
                 self._rebuild()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.distributed import COLLECTIVE_TIMEOUT_S, STEP_TIMEOUT_S
+from engine.collectives import COLLECTIVE_TIMEOUT_S, STEP_TIMEOUT_S
 from engine.errors import InvalidParamError, ServingError
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.serving.telemetry.events import EventLog
@@ -123,16 +123,20 @@ class RankHang:
         """The first ready replica with more than one rank, and its ranks' pids (rank 0 first)."""
         grouped = False
         for replica in list(self.replicas()):
-            if getattr(replica.config, "tensor_parallel", 1) < 2:
+            ranks = getattr(replica.config, "tensor_parallel", 1) * getattr(replica.config, "pipeline_parallel", 1)
+            if ranks < 2:
                 continue
             grouped = True
-            pids = list(replica.stats.facts.get("tp_rank_pids", [])) if replica.stats is not None else []
+            pids = list(replica.stats.facts.get("rank_pids", [])) if replica.stats is not None else []
             if replica.state == ReplicaState.READY and len(pids) > RANK and is_rank(pids[RANK], pids[0]):
                 return replica, pids
         if grouped:
-            message = "the tensor-parallel replica is not ready yet: try again once it serves"
+            message = "the sharded replica is not ready yet: try again once it serves"
         else:
-            message = "no replica is tensor-parallel: set tensor_parallel to 2 first (a rank is one of its processes)"
+            message = (
+                "no replica has more than one rank: set tensor_parallel or pipeline_parallel to 2 first "
+                "(a rank is one of its processes)"
+            )
         raise ServingError(409, message, "tensor_parallel", "no_tensor_parallel")
 
     @staticmethod

@@ -252,7 +252,7 @@ class RemoteWindow:
         if usage is not None and not blocks:
             snap["missing"].append("kv_total_blocks")
         # No remote's metrics say these: its queue is one number, its steps are its own.
-        snap["missing"] += ["allreduce_ms", "max_num_seqs", "waiting"]
+        snap["missing"] += ["allreduce_ms", "max_num_seqs", "waiting", "stage_idle"]
         snap["missing"] += [key for key in SERVELAB_COUNTERS if key not in new.servelab]
         return snap
 

@@ -14,8 +14,8 @@ from engine.sim.spec import spec_fields
 
 # Which levers a simulator refusal is about, most likely first: the one a learner just moved
 # among them is named, so the reason appears next to it.
-FIT_KEYS = ("model", "tensor_parallel", "gpu_count", "device", "weight_dtype")
-TP_KEYS = ("tensor_parallel", "model")
+FIT_KEYS = ("model", "tensor_parallel", "pipeline_parallel", "gpu_count", "device", "weight_dtype")
+TP_KEYS = ("tensor_parallel", "pipeline_parallel", "model")
 DTYPE_KEYS = ("weight_dtype", "device")
 
 
@@ -30,17 +30,18 @@ def badge(levers: dict[str, Any]) -> str:
     """What every simulated chart and panel says it shows: 'simulated: H100 x 64, Llama-3.1-70B'."""
     pools = int(levers["prefill_gpus"])
     split = f" (prefill {pools} + decode {int(levers['decode_gpus'])})" if pools else ""
-    tp = int(levers["tensor_parallel"])
+    tp, pp = int(levers["tensor_parallel"]), int(levers.get("pipeline_parallel", 1))
     return (
         f"simulated: {str(levers['device']).upper()} x {int(levers['gpu_count'])}{split}, "
-        f"{model_label(str(levers['model']))}" + (f", TP{tp}" if tp > 1 else "")
+        f"{model_label(str(levers['model']))}" + (f", TP{tp}" if tp > 1 else "") + (f" x PP{pp}" if pp > 1 else "")
     )
 
 
 # The levers a simulated lab's fleet takes (the rest are the live engine's on this machine, or the
 # lab's traffic, which the lab drives itself).
 SIM_LEVERS = (
-    "model", "device", "gpu_count", "tensor_parallel", "weight_dtype", "kv_dtype", "prompt_tokens", "output_tokens",
+    "model", "device", "gpu_count", "tensor_parallel", "pipeline_parallel", "pipeline_overlap", "weight_dtype",
+    "kv_dtype", "prompt_tokens", "output_tokens",
     "max_num_seqs", "max_batched_tokens", "prefix_caching", "prefill_gpus", "decode_gpus", "min_replicas",
     "max_replicas", "warm_pool", "provision_delay_s",
 )  # fmt: skip
@@ -71,12 +72,14 @@ def check_sim(levers: dict[str, Any], changed: dict[str, Any]) -> tuple[SimSpec,
             keys = DTYPE_KEYS
         elif "must divide" in reason:
             keys = TP_KEYS
+        elif "pipeline parallel" in reason and "layers" in reason:
+            keys = ("pipeline_parallel", "model")
         elif "context" in reason:
             keys = ("prompt_tokens", "output_tokens", "model")
         elif "prefill" in reason or "disaggregation" in reason:
             keys = ("prefill_gpus", "decode_gpus", "gpu_count")
         elif "whole number" in reason or "needs" in reason and "GPUs" in reason and "weights" not in reason:
-            keys = ("gpu_count", "tensor_parallel")
+            keys = ("gpu_count", "tensor_parallel", "pipeline_parallel")
         else:
             keys = FIT_KEYS
         raise _refuse(reason, keys, changed) from None

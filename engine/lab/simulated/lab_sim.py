@@ -54,8 +54,8 @@ ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
 IN_PLACE_LEVERS = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching")
 # Levers whose change needs a new simulated fleet (the deployment or the pools change).
 REBUILD_LEVERS = (
-    "model", "device", "gpu_count", "tensor_parallel", "weight_dtype", "kv_dtype", "prefill_gpus",
-    "decode_gpus", "paged", "block_size",
+    "model", "device", "gpu_count", "tensor_parallel", "pipeline_parallel", "pipeline_overlap", "weight_dtype",
+    "kv_dtype", "prefill_gpus", "decode_gpus", "paged", "block_size",
 )
 
 
@@ -134,7 +134,7 @@ class SimLab:
         )
         return sim_fleet(
             self.dep, config, router, pool, self.loop, on_finished, load_s=self.load_s, first_id=first_id,
-            kv_transfer_s=transfer, events=self.events, defences=self.defences,
+            kv_transfer_s=transfer, events=self.events, defences=self.defences, pp_overlap=self.spec.pp_overlap,
         )
 
     # traffic ------------------------------------------------------------------------------------

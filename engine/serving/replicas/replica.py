@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.clock import WALL_CLOCK
+from engine.collectives import STEP_TIMEOUT_S
 from engine.config import EngineConfig
-from engine.distributed import STEP_TIMEOUT_S
 from engine.machine import EnginePlan, set_affinity
 from engine.sequence import FinishReason
 from engine.serving.replicas.messages import (
@@ -215,13 +215,15 @@ class ReplicaHandle:
         self.replica_id = replica_id
         self.config = config
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        # A tensor-parallel group is one failure unit: a rank that hangs inside a collective holds
+        # A sharded replica (TP ranks, pipeline stages) is one failure unit: a rank that hangs holds
         # rank 0's step, so a tighter watchdog (behind the collectives' own timeout) fails it fast.
         # With the defence collective_timeout off there is no step watchdog at all (None).
         self.step_timeout_s: float | None = (
             None
             if not config.collective_timeout
-            else step_timeout_s if config.tensor_parallel == 1 else min(step_timeout_s, STEP_TIMEOUT_S)
+            else step_timeout_s
+            if config.tensor_parallel * config.pipeline_parallel == 1
+            else min(step_timeout_s, STEP_TIMEOUT_S)
         )
         self.step_started: float | None = None
         self.state = ReplicaState.STARTING

@@ -250,6 +250,7 @@ class MetricsBus:
                 batch_size=sum(s.get("batch_size", 0) for s in stats),
                 # Tensor parallelism: the slowest replica's time in all-reduces per step.
                 allreduce_ms=max((s.get("allreduce_ms_per_step", 0.0) for s in stats), default=0.0),
+                stage_idle=list(next((s["pp_stage_idle_share"] for s in stats if s.get("pp_stage_idle_share")), [])),
                 max_num_seqs=sum(s.get("max_num_seqs", 0) for s in stats),
                 **self.wasted_fields(now),
                 **self.failure_metrics(now, ttft, stats),

@@ -30,6 +30,9 @@ class FleetSnapshot:
     preempted: int = 0
     batch_size: int = 0  # sequences in the replicas' last steps
     allreduce_ms: float = 0.0  # tensor parallelism: the slowest replica's all-reduce time per step
+    # Pipeline parallelism: each stage's idle share (the bubble) over the latest seconds, in the
+    # first replica with stages (engine/stage_clock.py); empty without stages.
+    stage_idle: list[float] = field(default_factory=list)
     max_num_seqs: int = 0  # batch slots across the serving replicas
     wasted_tokens_per_s: float = 0.0  # made for clients already gone, over the window
     # The /failures gallery's queue, router and scheduler rows: 0 while the window has nothing.

@@ -1,0 +1,104 @@
+"""The live executor: load the weights and the tokenizer, keep this rank's part of them (its
+tensor-parallel shard, its pipeline stage's layers), plan the KV budget, build the runner, and
+say what the engine runs here and why (machine.EnginePlan)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine import machine
+from engine.config import EngineConfig
+from engine.distributed import ShardGroup, world_size
+from engine.executor import Executor
+from engine.kernels import pick_impl
+from engine.memory import plan_kv_blocks
+from engine.model.compile import compile_model
+from engine.model.llama import Llama
+from engine.model.loader import load_model, model_config
+from engine.model.paths import default_gguf_path
+from engine.model.sharding import check_split, keep_stage, shard_model
+from engine.model.tokenizer import load_tokenizer
+from engine.runner import ModelRunner
+from engine.threads import ThreadGovernor
+from engine.torch_dtypes import DTYPES
+
+log = logging.getLogger("servelab.engine")
+
+
+@dataclass
+class LiveParts:
+    config: EngineConfig  # with the dtype resolved
+    dtype: torch.dtype
+    model: Llama  # rank 0's part: its shard of the first stage's layers, the embeddings and the head
+    plan: machine.EnginePlan
+    shard_group: ShardGroup | None  # the other ranks, when there are any
+    executor: Executor
+
+
+def load_live(config: EngineConfig) -> LiveParts:
+    # dtype "auto" becomes what this machine runs best (engine/machine.py); every rank and
+    # every later reader of the config sees the resolved dtype.
+    dtype_name, dtype_reason = machine.resolve_dtype(config.dtype, config.device)
+    config = config.replace(dtype=dtype_name)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    torch.manual_seed(config.seed)
+    path = config.model or str(default_gguf_path())
+    dtype = DTYPES[config.dtype]
+    # More than one rank: this process is rank 0 (engine/distributed.py), the others spawn now and
+    # load while it does.
+    if world_size(config) > 1:
+        check_split(model_config(path), config.tensor_parallel, config.pipeline_parallel)
+    group = ShardGroup(config) if world_size(config) > 1 else None
+    try:
+        model = load_model(path, dtype, config.device)
+        num_layers = model.cfg.num_layers
+        if config.tensor_parallel > 1:
+            shard_model(model, 0, config.tensor_parallel)
+        if config.pipeline_parallel > 1:
+            keep_stage(model, 0, config.pipeline_parallel)
+        if group is not None:
+            group.connect()
+        memory = plan_kv_blocks(config, model, dtype)
+        if group is not None:  # the rank with the least room sets the block count for all
+            blocks = group.start(model, num_layers, memory.weight_bytes, memory.num_blocks, memory.bytes_per_block)
+            memory = dataclasses.replace(memory, num_blocks=blocks)
+    except BaseException:
+        if group is not None:
+            group.close()
+        raise
+    tokenizer = load_tokenizer(path)
+    runner = ModelRunner(model, memory.num_blocks, config.block_size, dtype, config.device, config.huge_pages)
+    if group is not None:
+        runner.on_step = group.send_step
+        if config.pipeline_parallel > 1:
+            runner.stages = group
+    model.batch_invariant = config.batch_invariant
+    # One rank on the CPU adapts its threads; batch_invariant keeps them fixed (the split-KV
+    # count follows the thread count, and with it the order of a long decode's sums).
+    if config.adaptive_threads and config.device == "cpu" and group is None and not config.batch_invariant:
+        runner.governor = ThreadGovernor(torch.get_num_threads())
+    if config.compile and config.batch_invariant:  # Inductor would fuse the split matmuls back
+        log.info("compile: skipped (batch_invariant keeps the eager, row-tiled matmuls)")
+    elif config.compile:
+        compile_model(model, runner.kv_caches, config.max_batched_tokens, config.max_num_seqs)
+    plan = machine.EnginePlan(
+        config.device,
+        config.dtype,
+        dtype_reason,
+        # what the model did, not what it could have: it prepacks only where linear_path allowed
+        "onednn-prepacked" if model.packed_lm_head is not None else ("cublas" if config.device.startswith("cuda") else "torch"),
+        machine.attention_path(config.device, pick_impl(None, model.embed) == "cpu"),
+        model.compiled_forward is not None,
+        torch.get_num_threads(),
+        machine.cpu().describe() if config.device == "cpu" else machine.describe_cuda(),
+        ["threads adapt to busy neighbours"] if runner.governor is not None else [],
+    )
+    log.info("%s on %s: %s. %s", Path(path).name, config.device, plan.summary(), memory.describe())
+    executor = Executor(Path(path).name, model.cfg, memory, runner, tokenizer)
+    return LiveParts(config, dtype, model, plan, group, executor)
