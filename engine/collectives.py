@@ -33,7 +33,11 @@ def rank_device(device: str, rank: int) -> str:
 # one step on the wire: numpy arrays pickle as bytes (torch tensors would go through shared memory)
 
 
-def step_to_wire(input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBatch) -> dict[str, Any]:
+def step_to_wire(
+    input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBatch, logit_rows: list[int] | None = None
+) -> dict[str, Any]:
+    """logit_rows: a pipelined step's rows to sample, whose logits the last stage sends back to
+    rank 0 (None: the last stage sends the residual stream of every token back instead)."""
     def a(t: torch.Tensor) -> np.ndarray:
         return t.cpu().numpy()
 
@@ -46,6 +50,7 @@ def step_to_wire(input_ids: torch.Tensor, positions: torch.Tensor, attn: Attenti
         "decode_context_lens": a(attn.decode_context_lens),
         "prefills": [(c.start, c.length, c.num_cached, a(c.block_table)) for c in attn.prefills],
         "varlen": None if attn.seq_lens is None else [a(attn.block_tables), a(attn.seq_lens), a(attn.query_start_loc)],
+        "logit_rows": logit_rows,
     }
 
 
@@ -138,9 +143,10 @@ class StageSender:
         self.pending.append((dist.isend(hidden, self.dst), hidden))
 
 
-def receive_hidden(num_tokens: int, like: Llama, src: int, timeout_s: float | None) -> torch.Tensor:
-    """The residual stream of num_tokens tokens from rank src (None: the group's own timeout)."""
-    buf = torch.empty(num_tokens, like.cfg.hidden_size, dtype=like.embed.dtype, device=like.embed.device)
+def receive_rows(num_rows: int, width: int, like: Llama, src: int, timeout_s: float | None) -> torch.Tensor:
+    """[num_rows, width] rows in the model's dtype from rank src: the residual stream (width: the
+    hidden size) or the last stage's logits (width: the vocabulary); None: the group's own timeout."""
+    buf = torch.empty(num_rows, width, dtype=like.embed.dtype, device=like.embed.device)
     work = dist.irecv(buf, src)
     if timeout_s is None:
         work.wait()

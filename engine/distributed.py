@@ -10,8 +10,10 @@ it down a pipe. The process group (gloo on CPU, NCCL on CUDA) carries the rest:
 
   inside a stage   all-reduces over the stage's TP group (o and down are row-parallel: 2 a layer)
   stage to stage   the residual stream, point-to-point: TP rank t of stage s sends it to TP rank t
-                   of stage s + 1; the last stage's TP rank 0 sends it back to rank 0, which
-                   applies the final norm and the LM head and samples
+                   of stage s + 1; the last stage's TP rank 0 computes the logits of the rows to
+                   sample (the final norm and the LM head, as vLLM's last stage does) and sends
+                   them back to rank 0, which samples (the residual stream of every token, where
+                   a step's prompt logprobs need them all)
 
 Heads split by KV group, as evenly as they go, so tp may be at most the number of KV heads; the
 layers split as vLLM splits them, so pp may be at most the number of layers. Every rank plans its
@@ -48,7 +50,7 @@ from engine.collectives import (
     AllReduceTimer,
     StageSender,
     join_group,
-    receive_hidden,
+    receive_rows,
     step_to_wire,
     world_size,
 )
@@ -174,7 +176,9 @@ class ShardGroup:
         self._send(("blocks", blocks), self.conns)
         return blocks
 
-    def send_step(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBatch) -> None:
+    def send_step(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBatch, logit_rows: list[int] | None = None
+    ) -> None:
         """Before rank 0's forward: the step to the first stage's other ranks (they run it beside
         rank 0); the later stages get it once the first stage's output is on its way (pass_on)."""
         self.timer.end_step()
@@ -182,7 +186,7 @@ class ShardGroup:
         dead = [r for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
         if dead:
             self._fail(f"rank {dead[0]} died")
-        msg = ("step", step_to_wire(input_ids, positions, attn))
+        msg = ("step", step_to_wire(input_ids, positions, attn, logit_rows))
         self._send(msg, self.conns[: self.tp - 1])
         self._later_wire = msg
         self._step_began = time.monotonic()
@@ -197,17 +201,18 @@ class ShardGroup:
         except Exception as exc:  # noqa: BLE001 - a stage that never takes it
             self._collective_failed(exc)
 
-    def take_back(self, num_tokens: int) -> torch.Tensor:
-        """The last stage's output for a batch rank 0 passed on (in the order they went)."""
+    def take_back(self, num_rows: int, width: int) -> torch.Tensor:
+        """What the last stage sends back for a batch rank 0 passed on (in the order they went):
+        the logits of its sampled rows, or the residual stream of every token."""
         assert self.model is not None
         timeout = COLLECTIVE_TIMEOUT_S if self.config.collective_timeout else None
         try:
-            hidden = receive_hidden(num_tokens, self.model, (self.pp - 1) * self.tp, timeout)
+            rows = receive_rows(num_rows, width, self.model, (self.pp - 1) * self.tp, timeout)
         except Exception as exc:
             self._collective_failed(exc)
             raise  # unreachable: _collective_failed raises
         self._read_reports()  # every stage wrote its span to its pipe before it passed the batch on
-        return hidden
+        return rows
 
     def landed_stages(self) -> tuple[tuple[float, float], ...]:
         """Each stage's (start, end) on the batch that just came back (stages work in order)."""

@@ -24,7 +24,7 @@ from engine.collectives import (
     StageSender,
     join_group,
     rank_device,
-    receive_hidden,
+    receive_rows,
     step_from_wire,
     world_size,
 )
@@ -91,14 +91,19 @@ def worker_main(config: EngineConfig, rank: int, port: int, conn: Any, cores: li
             if msg is None:
                 return
             input_ids, positions, attn = step_from_wire(msg[1], device)
+            rows = msg[1].get("logit_rows")
             # A later stage waits for its input as long as it takes (rank 0 times the whole trip).
-            hidden = receive_hidden(len(input_ids), model, rank - tp, START_TIMEOUT_S) if stage > 0 else None
+            hidden = None
+            if stage > 0:
+                hidden = receive_rows(len(input_ids), model.cfg.hidden_size, model, rank - tp, START_TIMEOUT_S)
             began = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process here
             with torch.inference_mode():
                 out = model(input_ids, positions, attn, runner.kv_caches, hidden)
+                if sender is not None and last and rows is not None:  # the last stage: the sampled rows' logits
+                    out = model.raw_logits(out[torch.tensor(rows, dtype=torch.long, device=out.device)]) if rows else None
             if reports:  # before the batch goes on: rank 0 has it by the time the batch is back
                 conn.send(("step", began, time.monotonic()))
-            if sender is not None:
+            if sender is not None and out is not None:
                 sender.send(out)
     except (EOFError, OSError, RuntimeError):
         return  # rank 0 is gone or failed the group; it kills us anyway

@@ -27,7 +27,7 @@ class PipelineStages(Protocol):
 
     def pass_on(self, hidden: torch.Tensor) -> None: ...
 
-    def take_back(self, num_tokens: int) -> torch.Tensor: ...
+    def take_back(self, num_rows: int, width: int) -> torch.Tensor: ...
 
 
 @dataclass
@@ -38,6 +38,9 @@ class LaunchedStep:
     order: list[tuple[Sequence, int]]
     hidden: torch.Tensor | None
     num_tokens: int = 0
+    # Pipelined: the rows to sample, whose logits the last stage sends back (None: it sends every
+    # token's residual stream, for a step whose prompt logprobs need them).
+    logit_rows: list[int] | None = None
 
 
 class ModelRunner:
@@ -61,7 +64,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.eos_token_ids = list(cfg.eos_token_ids)  # masked while a request is under min_tokens
         # Tensor parallelism: rank 0 sends each step's batch to the other ranks before running it.
-        self.on_step: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], None] | None = None
+        self.on_step: Callable[[torch.Tensor, torch.Tensor, AttentionBatch, list[int] | None], None] | None = None
         # Pipeline parallelism: this process runs the first stage; the rest come back through this.
         self.stages: PipelineStages | None = None
         # The latest step's raw logits (a reference, no copy) and whose each row is: how the
@@ -99,36 +102,42 @@ class ModelRunner:
         )
         prefills = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens) if n > 1]
         input_ids, positions, attn = self._prepare(decodes, prefills)
+        order = decodes + prefills
+        logit_rows = None
+        if self.stages is not None and not any(_wants_prompt_logprobs(seq) for seq, _ in order):
+            logit_rows = _sample_rows(order)[1]
         if self.governor is not None:
             self.governor.before_step()
         if self.on_step is not None:
-            self.on_step(input_ids, positions, attn)
+            self.on_step(input_ids, positions, attn, logit_rows)
         hidden = self.model(input_ids, positions, attn, self.kv_caches)
         if self.stages is None:
-            return LaunchedStep(decodes + prefills, hidden)
+            return LaunchedStep(order, hidden)
         self.stages.pass_on(hidden)
-        return LaunchedStep(decodes + prefills, None, len(input_ids))
+        return LaunchedStep(order, None, len(input_ids), logit_rows)
 
     @torch.inference_mode()
     def collect(self, step: LaunchedStep) -> dict[str, int]:
-        """The step's new tokens, from the last layer's output (the last stage's, when pipelined)."""
+        """The step's new tokens, from the last layer's output, or pipelined from the last stage's
+        logits of the rows to sample (its residual stream where prompt logprobs need every row)."""
         hidden = step.hidden
-        if hidden is None:
+        if hidden is None and step.logit_rows is None:
             assert self.stages is not None
-            hidden = self.stages.take_back(step.num_tokens)
-        to_sample: list[Sequence] = []
-        rows: list[int] = []
-        offset = 0
-        for seq, n in step.order:
-            if seq.params.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens - 1:
-                self._prompt_logprobs(seq, hidden[offset : offset + n])
-            offset += n
-            if seq.num_computed_tokens + n == seq.num_tokens:
-                to_sample.append(seq)
-                rows.append(offset - 1)
+            hidden = self.stages.take_back(step.num_tokens, self.model.cfg.hidden_size)
+        if hidden is not None:
+            offset = 0
+            for seq, n in step.order:
+                if _wants_prompt_logprobs(seq):
+                    self._prompt_logprobs(seq, hidden[offset : offset + n])
+                offset += n
+        to_sample, rows = _sample_rows(step.order)
         if not to_sample:
             return {}
-        raw = self.model.raw_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
+        if hidden is not None:
+            raw = self.model.raw_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
+        else:
+            assert self.stages is not None
+            raw = self.stages.take_back(len(rows), self.model.cfg.vocab_size).cpu()
         ids = [s.request_id for s in to_sample]
         self.last_logits = (ids, raw)
         if all(s.params.greedy and s.params.logprobs is None and not needs_processing(s) for s in to_sample):
@@ -186,3 +195,20 @@ class ModelRunner:
             query_start_loc=torch.from_numpy(query_start.astype(np.int32)).to(dev),
         )
         return torch.tensor(token_ids, device=dev), torch.from_numpy(positions).to(dev), attn
+
+
+def _wants_prompt_logprobs(seq: Sequence) -> bool:
+    return seq.params.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens - 1
+
+
+def _sample_rows(order: list[tuple[Sequence, int]]) -> tuple[list[Sequence], list[int]]:
+    """The sequences whose known tokens this step completes, and their last rows: those it samples."""
+    to_sample: list[Sequence] = []
+    rows: list[int] = []
+    offset = 0
+    for seq, n in order:
+        offset += n
+        if seq.num_computed_tokens + n == seq.num_tokens:
+            to_sample.append(seq)
+            rows.append(offset - 1)
+    return to_sample, rows

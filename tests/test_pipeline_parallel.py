@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.errors import InvalidParamError
 from tests.test_hf_equivalence import check
@@ -24,11 +24,18 @@ def short_refs(hf_reference: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_two_stages_match_the_hf_reference(hf_reference: dict[str, Any], overlap: bool) -> None:
+def test_two_stages_match_the_hf_reference(hf_reference: dict[str, Any], overlap: bool, llm_fp32: LLM) -> None:
     llm = LLM(dtype="float32", pipeline_parallel=2, pipeline_overlap=overlap)
     pids = llm.engine.shard_group.pids
     try:
         check(llm, short_refs(hf_reference), hf_reference["max_new_tokens"])
+        # Prompt logprobs need every row: that step's last stage sends the residual stream back.
+        asked = SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1, logprobs=1)
+        ids = short_refs(hf_reference)[0]["prompt_ids"]
+        piped, whole = (m.generate([{"prompt_token_ids": ids}], asked)[0] for m in (llm, llm_fp32))
+        assert piped.token_ids == whole.token_ids
+        for a, b in zip(piped.prompt_logprobs[1:], whole.prompt_logprobs[1:]):
+            assert a.token_id == b.token_id and a.logprob == pytest.approx(b.logprob, abs=1e-4)
         stats = llm.engine.stats()
         assert llm.engine.kv.num_used_blocks == 0
         records = llm.engine.step_records.take()
@@ -41,7 +48,7 @@ def test_two_stages_match_the_hf_reference(hf_reference: dict[str, Any], overlap
     assert stats["pipeline_parallel"] == 2 and stats["pp_stage_layers"] == [15, 15]
     assert stats["tensor_parallel"] == 1 and stats["allreduces_per_step"] == 0
     first, second = stats["pp_stage_weight_bytes"]
-    assert first > second  # the first stage holds the embeddings (and the tied head) besides its layers
+    assert first == second  # the first holds the embeddings, the last the head: tied, the same bytes
     # Each stage's KV block holds its own 15 layers: half of the whole model's.
     assert stats["pp_stage_kv_block_bytes"] == [15 * 2 * 3 * 64 * 4 * 16] * 2
     assert len(stats["pp_stage_idle_share"]) == 2 and all(0 <= s <= 1 for s in stats["pp_stage_idle_share"])

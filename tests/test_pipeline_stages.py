@@ -31,8 +31,11 @@ def test_stages_keep_contiguous_layers_and_only_the_first_embeds() -> None:
     (first, _), (second, layer15) = stages
     assert first.cfg.num_layers == second.cfg.num_layers == 15
     assert second.layers[0] is layer15  # the second stage starts at layer 15
-    assert first.embed.shape == (100, 64) and first.lm_head is first.embed  # rank 0 samples: it keeps the head
-    assert second.embed.numel() == 0 and second.packed_lm_head is None
+    assert first.embed.shape == (100, 64) and first.lm_head is first.embed  # the first embeds
+    assert second.lm_head.shape == (100, 64)  # the last computes the logits (tied: the embeddings)
+    with torch.device("meta"):
+        middle = keep_stage(Llama(CFG), 1, 3)
+    assert middle.cfg.num_layers == 10 and middle.embed.numel() == 0 and middle.lm_head.numel() == 0
     assert CFG.num_layers == 30  # the config is replaced, not changed
 
 

@@ -7,8 +7,9 @@ evenly as they go (SmolLM2-135M's 3 groups split 2 + 1 for two ranks); the embed
 tied LM head stay whole on every rank.
 
 Pipeline stages keep contiguous layers, split as vLLM splits them (stage_layers). The first stage
-embeds; its rank 0 also samples, so it keeps the LM head too (tied to the embeddings in SmolLM2:
-no extra bytes); later stages hold their layers only."""
+embeds, and the last computes the logits of the rows rank 0 samples (vLLM's last stage holds the
+LM head); the first keeps the head too (tied to the embeddings in SmolLM2: no extra bytes), for
+the rare step whose prompt logprobs need every row; stages between hold their layers only."""
 
 from __future__ import annotations
 
@@ -34,14 +35,17 @@ def check_split(cfg: LlamaConfig, tp: int, pp: int) -> None:
 
 def keep_stage(model: Llama, stage: int, pp: int) -> Llama:
     """Keep only stage's layers, in place; model.cfg.num_layers becomes the stage's, so the runner
-    allocates KV for those layers alone. Stages after the first drop the embeddings (and the head)."""
+    allocates KV for those layers alone. The stages between drop the embeddings and the head."""
     cfg = model.cfg
     check_split(cfg, 1, pp)
     lo, hi = stage_range(cfg.num_layers, stage, pp)
     model.layers = nn.ModuleList(list(model.layers)[lo:hi])
-    if stage > 0:
+    if stage > 0:  # only the first stage embeds; the last computes the sampled rows' logits
         empty = nn.Parameter(model.embed.data.new_empty(0, cfg.hidden_size), requires_grad=False)
-        model.embed, model.lm_head, model.packed_lm_head = empty, empty, None
+        if stage < pp - 1:
+            model.embed, model.lm_head, model.packed_lm_head = empty, empty, None
+        elif not cfg.tie_word_embeddings:  # tied, the embeddings are the head
+            model.embed = empty
     model.cfg = replace(cfg, num_layers=hi - lo)
     return model
 
