@@ -127,10 +127,8 @@ class ShardGroup:
         self.rank_num_blocks: list[int] = []
         self.rank_kv_block_bytes: list[int] = []
         self.stage_clocks = [StageClock() for _ in range(self.pp)]
-        # Each stage's (start, end) on each batch, oldest first, until the batch lands; its busy total.
+        # Each stage's (start, end) on each batch, oldest first, until the batch lands.
         self.stage_spans: list[deque[tuple[float, float]]] = [deque(maxlen=64) for _ in range(self.pp)]
-        self._stage_busy = [0.0] * self.pp
-        self._stage_steps = [0] * self.pp
         self.model: Llama | None = None
         self.num_layers = 0
         self.sender: StageSender | None = None
@@ -238,7 +236,6 @@ class ShardGroup:
             "pp_stage_layers": stage_layers(self.num_layers, self.pp),
             "pp_stage_weight_bytes": [sum(self.rank_weight_bytes[r : r + self.tp]) for r in lead],
             "pp_stage_kv_block_bytes": [sum(self.rank_kv_block_bytes[r : r + self.tp]) for r in lead],
-            "pp_stage_pids": [self.pids[r] for r in lead],
             "pp_stage_busy_ms_per_step": [c.busy_ms_per_step() for c in self.stage_clocks],
             "pp_stage_idle_share": [c.idle_share(time.monotonic()) for c in self.stage_clocks],
         }
@@ -286,9 +283,7 @@ class ShardGroup:
 
     def _record(self, stage: int, start: float, end: float) -> None:
         self.stage_spans[stage].append((start, end))
-        self._stage_busy[stage] += end - start
-        self._stage_steps[stage] += 1
-        self.stage_clocks[stage].add(end, self._stage_busy[stage], self._stage_steps[stage])
+        self.stage_clocks[stage].record(start, end)
 
     def _collective_failed(self, exc: Exception) -> None:
         # A killed rank's socket resets before its process is seen to exit: look a moment longer.
@@ -343,7 +338,6 @@ def pp_stats(weight_bytes: int, block_bytes: int) -> dict[str, Any]:
         "pp_stage_layers": [],
         "pp_stage_weight_bytes": [weight_bytes],
         "pp_stage_kv_block_bytes": [block_bytes],
-        "pp_stage_pids": [os.getpid()],
         "pp_stage_busy_ms_per_step": [],
         "pp_stage_idle_share": [],
     }
@@ -355,8 +349,7 @@ def tp_stats(group: ShardGroup | None, weight_bytes: int, block_bytes: int) -> d
     holds, rank 0 first), tp_rank_pids, rank_pids (every rank's, rank 0 first), allreduce_ms_per_step (rank 0's wall time in all-reduces,
     mean of the latest steps), allreduces_per_step (2 per layer of the stage); and with pipeline
     stages, pipeline_parallel and per stage: pp_stage_layers, pp_stage_weight_bytes (its TP ranks
-    together), pp_stage_kv_block_bytes (one KV block's bytes there), pp_stage_pids (its lead
-    rank's), pp_stage_busy_ms_per_step and pp_stage_idle_share (the bubble, over the latest
+    together), pp_stage_kv_block_bytes (one KV block's bytes there), pp_stage_busy_ms_per_step and pp_stage_idle_share (the bubble, over the latest
     STAGE_WINDOW_S)."""
     if group is not None:
         return group.stats()

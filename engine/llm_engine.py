@@ -342,7 +342,6 @@ class LLMEngine:
             "param_bytes": self.memory.param_bytes,
             "kv_budget_bytes": self.memory.kv_budget_bytes,
             "kv_bytes_per_token": self.memory.bytes_per_block // self.config.block_size,
-            "batches_in_flight": len(self._in_flight),
         } | tp_stats(self.shard_group, self.memory.weight_bytes, self.memory.bytes_per_block)
 
     def close(self) -> None:

@@ -9,15 +9,19 @@ STAGE_WINDOW_S = 5.0  # the per-stage busy and idle shares are over about this l
 
 
 class StageClock:
-    """One stage's busy time as its rank reports it (cumulative busy seconds and steps at a time):
-    its busy share and busy time per step over the latest STAGE_WINDOW_S."""
+    """One stage's busy time, a span per batch it ran: its busy share and busy time per step over
+    the latest STAGE_WINDOW_S."""
 
     def __init__(self) -> None:
-        self.samples: deque[tuple[float, float, int]] = deque()  # (time, busy_s, steps)
+        self.busy_s, self.steps = 0.0, 0
+        self.samples: deque[tuple[float, float, int]] = deque()  # (time, busy_s, steps) so far
 
-    def add(self, at: float, busy_s: float, steps: int) -> None:
-        self.samples.append((at, busy_s, steps))
-        while len(self.samples) > 2 and at - self.samples[1][0] >= STAGE_WINDOW_S:
+    def record(self, start: float, end: float) -> None:
+        """The stage worked on one batch from start to end."""
+        self.busy_s += end - start
+        self.steps += 1
+        self.samples.append((end, self.busy_s, self.steps))
+        while len(self.samples) > 2 and end - self.samples[1][0] >= STAGE_WINDOW_S:
             self.samples.popleft()
 
     def idle_share(self, now: float) -> float:

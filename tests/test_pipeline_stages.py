@@ -55,13 +55,15 @@ def test_impossible_splits_name_their_lever() -> None:
 
 def test_the_stage_clock_reads_busy_time_per_step_and_the_idle_share() -> None:
     clock = StageClock()
-    clock.add(100.0, 0.0, 0)
-    clock.add(101.0, 0.25, 10)  # a quarter of a second busy over ten steps in one second
+    clock.record(100.0, 100.0)
+    for k in range(10):  # a quarter of a second busy over ten steps in one second
+        clock.record(100.075 + k * 0.1, 100.1 + k * 0.1)
     assert clock.busy_ms_per_step() == pytest.approx(25.0)
     assert clock.idle_share(101.0) == pytest.approx(0.75)
     assert clock.idle_share(102.0) == pytest.approx(0.875)  # nothing reported since: idle
-    for t in range(102, 120):
-        clock.add(float(t), 0.25 + (t - 101) * 0.5, 10 + (t - 101) * 10)
+    for t in range(102, 120):  # then half of each second busy, over ten steps
+        for k in range(10):
+            clock.record(t - 1 + k * 0.1 + 0.05, t - 1 + (k + 1) * 0.1)
     assert clock.idle_share(119.0) == pytest.approx(0.5)  # the old quiet second has left the window
 
 

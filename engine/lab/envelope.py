@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.lab.replica_bounds import devices_per_replica
+
 MB = 1024 * 1024
 
 
@@ -23,8 +25,7 @@ def envelope(levers: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | 
     seqs_fit = int(facts["kv_budget_bytes"] // kv_per_seq)
     batch = max(1, min(int(levers["max_num_seqs"]), seqs_fit))
     step_ms = decode_step_ms(facts, batch, int(levers["prompt_tokens"]) + int(levers["output_tokens"]) // 2)
-    per_replica = int(levers.get("tensor_parallel", 1)) * int(levers.get("pipeline_parallel", 1))
-    replicas = max(1, int(levers.get("gpu_count", 1)) // per_replica)
+    replicas = max(1, int(levers.get("gpu_count", 1)) // devices_per_replica(levers))
     held = max(facts.get("tp_rank_weight_bytes") or [facts.get("weight_bytes") or facts["param_bytes"]])
     return {
         "weight_mb_per_device": facts["param_bytes"] / MB,

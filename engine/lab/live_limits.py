@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.errors import InvalidParamError
 from engine.lab.flood import FloodLimits
+from engine.lab.replica_bounds import devices_per_replica
 from engine.machine import usable_cores
 
 LIVE_MODEL = "smollm2-135m"
@@ -63,7 +64,7 @@ def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, devi
             "pipeline_parallel",
             f"{pp} stages of {tp} rank(s) need {tp * pp} devices; this machine has {devices} {what}",
         )
-    per_replica = tp * pp
+    per_replica = devices_per_replica(merged)
     shape = f"tensor_parallel x pipeline_parallel ({tp} x {pp})" if pp > 1 else f"tensor_parallel ({tp})"
     if count % per_replica:
         raise InvalidParamError("gpu_count", f"must be a multiple of {shape}")

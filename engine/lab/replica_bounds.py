@@ -6,14 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 
+def devices_per_replica(levers: dict[str, Any]) -> int:
+    """The devices one replica takes: its tensor-parallel ranks in each of its pipeline stages."""
+    return int(levers.get("tensor_parallel", 1)) * int(levers.get("pipeline_parallel", 1))
+
+
 def replica_bounds(levers: dict[str, Any], warm_pool_holds_devices: bool) -> tuple[int, int]:
     """(fewest, most) serving replicas, the autoscaler's bounds: the most held to the device budget
-    (gpu_count // (tensor_parallel x pipeline_parallel) groups), never below one, and the fewest within the most.
+    (gpu_count // devices_per_replica groups), never below one, and the fewest within the most.
 
     A warm replica holds its GPUs, so a simulated fleet's warm pool comes out of the budget. Live
     on CPU, replicas share the machine's cores and an idle warm one takes no core time: the warm
     pool stands beside the budget (on a 2-core machine, 2 serving replicas and 1 warm)."""
-    groups = int(levers["gpu_count"]) // (int(levers["tensor_parallel"]) * int(levers.get("pipeline_parallel", 1)))
+    groups = int(levers["gpu_count"]) // devices_per_replica(levers)
     if warm_pool_holds_devices:
         groups -= int(levers["warm_pool"])
     most = max(1, min(int(levers["max_replicas"]), groups))

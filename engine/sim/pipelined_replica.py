@@ -29,7 +29,6 @@ class PipelinedSimReplica(SimReplica):
         self.stage_clocks = [StageClock() for _ in range(stages)]  # the lab's windowed bubble
         self._in_flight = 0  # batches inside the pipeline
         self._begin_pending = False
-        self._landed = 0
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         # When each stage finishes the work it has been given.
         self._stage_free = [self.loop.clock.now()] * stages
@@ -88,10 +87,8 @@ class PipelinedSimReplica(SimReplica):
         self, batch: SchedulerOutput, tokens: dict[str, int], started: float, spans: tuple[tuple[float, float], ...]
     ) -> None:
         self._in_flight -= 1
-        self._landed += 1
-        now = self.loop.clock.now()
-        for clock, busy in zip(self.stage_clocks, self.stage_busy_s):
-            clock.add(now, busy, self._landed)
+        for clock, (start, end) in zip(self.stage_clocks, spans):
+            clock.record(start, end)
         for seq in batch.seqs:
             seq.in_flight = False
         if self.state not in LIVE:
