@@ -102,9 +102,11 @@ bench-tp: $(STAMP) $(KERNEL_STAMP)
 # What-if executor: fit the `cpu` device to this machine's live engine (writes
 # .cache/calibration/<machine key>.json, engine/sim/calibration.py; with the bench's allocator), and its evidence against published
 # results. sim-vs-live: the fitted device against the live engine and server on this machine.
-calibrate: $(STAMP) $(KERNEL_STAMP) $(TCMALLOC)
-	$(PRELOAD) $(PY) -m bench.calibrate
-	$(PRELOAD) $(PY) -m bench.calibrate_front
+# The fit describes the engine make run serves: the system allocator, no preload (the key names no
+# allocator, so a tcmalloc fit here would stand in for make run's under the same key).
+calibrate: $(STAMP) $(KERNEL_STAMP)
+	$(PY) -m bench.calibrate
+	$(PY) -m bench.calibrate_front
 
 sim-vs-live: $(STAMP) $(KERNEL_STAMP)
 	$(PY) -m bench.sim_vs_live

@@ -267,7 +267,9 @@ def test_retry_jitter_off_refused_clients_return_in_synchronized_waves(live: Liv
         time.sleep(7.0)
         live.lab.set_levers({"client_retries": 0})  # the clients waiting to retry stop there
         retries = [a for a in attempts_since(live, start) if a.number >= 2]
-        refused = [a.ended for a in retries if a.outcome == "refused"]
+        # A refused retry counted when its client came back, not when the answer landed: a busy
+        # machine's HTTP hops spread the answers (CI: sends 0.70 clustered, their refusals' ends 0.32).
+        refused = [a.sent for a in retries if a.outcome == "refused"]
         assert len(retries) >= 10 and len(refused) >= 5, len(retries)
         shares[jitter] = (clustered_share([a.sent for a in retries]), clustered_share(refused))
         settle(live)
@@ -281,8 +283,7 @@ def test_retry_jitter_off_refused_clients_return_in_synchronized_waves(live: Liv
     snap = live.lab.snapshot(live.fleet.snapshot())
     assert snap["client_sent_total"] == counts.sent and snap["client_refused_total"] == counts.refused
     print(shares)
-    # Measured off: 0.9-1.0 alone, 0.64-0.67 on a loaded CI machine (its slow HTTP hops spread the
-    # refusals themselves past the 0.2 s window); 40-50 retries drawn at random over 3-4 s score
+    # Measured off: 0.9-1.0 alone, 0.64-0.70 on a loaded CI machine; 40-50 retries drawn at random over 3-4 s score
     # ~0.1 (0.4 at worst in 200 draws). So: off in waves, on spread out, and off well above on in
     # the same run.
     for off, on in zip(shares[False], shares[True], strict=True):
