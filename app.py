@@ -13,32 +13,34 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flask import Flask, request
 from flask_socketio import SocketIO
 
 from engine import machine
-from engine.config import EngineConfig
 from engine.errors import InvalidParamError
-from engine.lab.facade import LabFacade
-from engine.lab.live.lab import LiveLab, engine_fields
-from engine.lab.remote.remote_backend import RemoteConfig
-from engine.lab.remote.remote_lab import RemoteLab
-from engine.lab.remote.remote_levers import REMOTE_LEVERS
-from engine.lab.replica_bounds import replica_bounds
+from engine.lab.facade import Executor, LabFacade
 from engine.levers import LEVERS, parse_bool, validate_levers
 from engine.machine import MachineError
-from engine.serving.routing.defences import Defences
-from engine.serving.routing.router import RouterConfig, api_keys_from_env
-from engine.serving.scaling.fleet import Fleet, FleetConfig
+from engine.serving.routing.router import api_keys_from_env
 from web import create_api_app
 from web.classroom import install_classroom
 from web.lessons import LessonLibrary
 from web.live import LiveChannel
 from web.page_session import PageSessions
 from web.pages import pages
-from web.remote_api import create_remote_api_app
 from web.whatif import whatif
+
+if TYPE_CHECKING:
+    from engine.lab.live.lab import LiveLab
+    from engine.lab.remote.remote_backend import RemoteConfig
+    from engine.lab.remote.remote_lab import RemoteLab
+
+# The live lab (its fleet of replica processes) and the remote lab are imported where each is built:
+# `import app`, the web layer and the what-if panels load neither the lab they do not run nor torch
+# (tests/test_web_imports.py). Live, torch loads in the replica processes; the web process itself
+# loads it only to count CUDA devices (engine/lab/live_limits.py) when the engine runs on CUDA.
 
 ROOT = Path(__file__).resolve().parent
 
@@ -50,6 +52,13 @@ LAB_PING_S = 2.0
 
 def build_lab(levers: dict | None = None, engine: dict | None = None, drain_timeout_s: float = 30.0) -> LiveLab:
     """The live engine behind the app: a fleet shaped by the levers (defaults where unset)."""
+    from engine.config import EngineConfig
+    from engine.lab.live.lab import LiveLab, engine_fields
+    from engine.lab.replica_bounds import replica_bounds
+    from engine.serving.routing.defences import Defences
+    from engine.serving.routing.router import RouterConfig
+    from engine.serving.scaling.fleet import Fleet, FleetConfig
+
     values = {key: lever.default for key, lever in LEVERS.items()} | validate_levers(levers or {})
     engine_config = EngineConfig(**engine_fields(values), **(engine or {}))
     router_config = RouterConfig(
@@ -68,14 +77,19 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
 
 def build_remote_lab(config: RemoteConfig, levers: dict | None = None) -> RemoteLab:
     """The lab over a remote server (issue 17): no replica here; its first probe done."""
+    from engine.lab.remote.remote_lab import RemoteLab
+
     return RemoteLab(config, validate_levers(levers or {})).start()
 
 
 def create_app(lab: LabFacade, instructor_token: str | None = None) -> Flask:
     """Pages, API and the live stream over one lab: ServeLab's own engine (LiveLab), or a
     remote server (RemoteLab), whose API the app passes through."""
-    if isinstance(lab, RemoteLab):
-        app = create_remote_api_app(lab, api_keys_from_env())
+    remote = lab.executor == Executor.REMOTE
+    if remote:
+        from web.remote_api import create_remote_api_app
+
+        app = create_remote_api_app(lab, api_keys_from_env())  # type: ignore[arg-type]
     else:
         app = create_api_app(lab.fleet, LAB_PING_S)  # type: ignore[attr-defined]
     app.extensions["servelab_lab"] = lab
@@ -83,7 +97,7 @@ def create_app(lab: LabFacade, instructor_token: str | None = None) -> Flask:
     # each page (web/page_session.py); outside clients still need a key.
     sessions = app.extensions["servelab_page_sessions"] = PageSessions()
     app.after_request(lambda response: sessions.issue(request, response))
-    if not isinstance(lab, RemoteLab):
+    if not remote:
         lab.fleet.router.config.issued = sessions.is_page_credential  # type: ignore[attr-defined]
     lessons = LessonLibrary()
     app.extensions["servelab_lessons"] = lessons
@@ -167,6 +181,8 @@ def start_background_calibration() -> None:
 
 def main_remote(args: argparse.Namespace, levers: dict, token: str | None) -> int:
     """--backend remote: bad flags exit 2 with one line; then the lab serves over the remote."""
+    from engine.lab.remote.remote_backend import RemoteConfig
+    from engine.lab.remote.remote_levers import REMOTE_LEVERS
     from engine.launch.remote_server import serve_remote
 
     try:

@@ -12,9 +12,19 @@ class Clock(Protocol):
     def now(self) -> float: ...
 
 
+class SleepingClock(Clock, Protocol):
+    """A clock a caller may also wait on (a load generator pacing its arrivals). Apart from
+    Clock: most readers only read now(), and a fake clock need not know how to wait."""
+
+    def sleep(self, seconds: float) -> None: ...
+
+
 class WallClock:
     def now(self) -> float:
         return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 class VirtualClock:
@@ -26,6 +36,11 @@ class VirtualClock:
 
     def advance(self, seconds: float) -> None:
         self._now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        """Virtual time passes at once. For a lone caller that paces itself; under an EventLoop
+        the loop advances the clock and a step never sleeps."""
+        self.advance(seconds)
 
 
 WALL_CLOCK = WallClock()

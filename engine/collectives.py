@@ -16,10 +16,7 @@ import torch.distributed as dist
 
 from engine.config import EngineConfig
 from engine.model.llama import AttentionBatch, Llama, PrefillChunk
-
-COLLECTIVE_TIMEOUT_S = 10.0  # a collective waiting longer than this fails the group
-STEP_TIMEOUT_S = 14.0  # the front process's watchdog on one step of a sharded replica
-START_TIMEOUT_S = 300.0
+from engine.ranks import COLLECTIVE_TIMEOUT_S, START_TIMEOUT_S, STEP_TIMEOUT_S  # noqa: F401 - re-exported: torch-free
 
 
 def world_size(config: EngineConfig) -> int:

@@ -58,6 +58,7 @@ from engine.config import EngineConfig
 from engine.machine import affinity, set_affinity
 from engine.model.llama import AttentionBatch, Llama
 from engine.model.partition import split_evenly, stage_layers
+from engine.ranks import pp_stats, tp_stats  # noqa: F401 - tp_stats re-exported
 from engine.stage_clock import StageClock
 
 
@@ -329,38 +330,6 @@ class ShardGroup:
             return conn.recv()
         except EOFError:
             self._fail(f"rank {rank} is gone")
-
-
-def pp_stats(weight_bytes: int, block_bytes: int) -> dict[str, Any]:
-    """The pipeline facts of one stage (no pipeline): the keys a pipelined replica reports."""
-    return {
-        "pipeline_parallel": 1,
-        "pp_stage_layers": [],
-        "pp_stage_weight_bytes": [weight_bytes],
-        "pp_stage_kv_block_bytes": [block_bytes],
-        "pp_stage_busy_ms_per_step": [],
-        "pp_stage_idle_share": [],
-    }
-
-
-def tp_stats(group: ShardGroup | None, weight_bytes: int, block_bytes: int) -> dict[str, Any]:
-    """The sharding facts engine.stats() reports, the same keys for one rank:
-    tensor_parallel (ranks a stage), tp_rank_weight_bytes (weights each rank of the first stage
-    holds, rank 0 first), tp_rank_pids, rank_pids (every rank's, rank 0 first), allreduce_ms_per_step (rank 0's wall time in all-reduces,
-    mean of the latest steps), allreduces_per_step (2 per layer of the stage); and with pipeline
-    stages, pipeline_parallel and per stage: pp_stage_layers, pp_stage_weight_bytes (its TP ranks
-    together), pp_stage_kv_block_bytes (one KV block's bytes there), pp_stage_busy_ms_per_step and pp_stage_idle_share (the bubble, over the latest
-    STAGE_WINDOW_S)."""
-    if group is not None:
-        return group.stats()
-    return {
-        "tensor_parallel": 1,
-        "tp_rank_weight_bytes": [weight_bytes],
-        "tp_rank_pids": [os.getpid()],
-        "rank_pids": [os.getpid()],
-        "allreduce_ms_per_step": 0.0,
-        "allreduces_per_step": 0,
-    } | pp_stats(weight_bytes, block_bytes)
 
 
 def process_state(pid: int) -> str | None:

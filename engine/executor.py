@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engine.memory import MemoryPlan
-from engine.model.llama import LlamaConfig
+from engine.model.llama_config import LlamaConfig
 from engine.model.tokenizer import ChatTokenizer
 from engine.scheduler import SchedulerOutput
 

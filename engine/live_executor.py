@@ -19,7 +19,8 @@ from engine.kernels import pick_impl
 from engine.memory import plan_kv_blocks
 from engine.model.compile import compile_model
 from engine.model.llama import Llama
-from engine.model.loader import load_model, model_config
+from engine.model.llama_config import model_config
+from engine.model.loader import load_model
 from engine.model.paths import default_gguf_path
 from engine.model.sharding import check_split, keep_stage, shard_model
 from engine.model.tokenizer import load_tokenizer

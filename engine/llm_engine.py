@@ -11,7 +11,7 @@ import logging
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,15 +21,17 @@ from engine.clock import WALL_CLOCK, Clock
 from engine.config import IN_PLACE_FIELDS, EngineConfig
 from engine.contiguous_allocator import ContiguousAllocator
 from engine.detokenizer import detokenize_step
-from engine.distributed import ShardGroup, tp_stats
 from engine.errors import InvalidParamError
 from engine.executor import Executor
-from engine.live_executor import load_live
-from engine.model.llama import Llama
+from engine.ranks import tp_stats
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
 from engine.sequence import FinishReason, RequestTimes, Sequence, SequenceStatus, TokenLogprobs
 from engine.step_record import StepRing, step_record
+
+if TYPE_CHECKING:  # the live executor's types: torch is loaded only when an engine loads a model
+    from engine.distributed import ShardGroup
+    from engine.model.llama import Llama
 
 log = logging.getLogger("servelab.engine")
 
@@ -97,6 +99,8 @@ class LLMEngine:
 
     def _load_live(self, config: EngineConfig) -> Executor:
         """Load the weights and tokenizer, shard them, plan the KV budget, build the runner."""
+        from engine.live_executor import load_live  # torch: only a live engine loads it
+
         _make_startup_visible()
         live = load_live(config)
         self.config, self.model, self.plan, self.shard_group = live.config, live.model, live.plan, live.shard_group

@@ -1,15 +1,23 @@
 """How many KV blocks a replica gets: the KV budget is what the device's memory cap leaves after
-the weights and the activations of the largest step, unless kv_budget_mb names it outright."""
+the weights and the activations of the largest step, unless kv_budget_mb names it outright.
+
+The plan itself (plan_budget, activation_bytes) is torch-free: the simulator plans with it in the
+web process. Only what reads a loaded model or a device (plan_kv_blocks, copy_bandwidth_gbs)
+imports torch, when called."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.errors import InvalidParamError
-from engine.model.llama import Llama, LlamaConfig
+from engine.model.llama_config import LlamaConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.model.llama import Llama
 
 MB = 1024 * 1024
 
@@ -87,6 +95,8 @@ def plan_budget(
 
 def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> MemoryPlan:
     """model.cfg is this rank's shard under tensor parallelism: its weights and KV heads only."""
+    import torch
+
     cfg = model.cfg
     weight_bytes, param_bytes = weight_footprint(model)
     cap = int(config.memory_cap_mb * MB)
@@ -98,6 +108,8 @@ def copy_bandwidth_gbs(device: str = "cpu", num_bytes: int = 64 * MB, repeats: i
     """Measured device memory bandwidth (GB/s, read + write) of a plain copy: the roofline's
     denominator, since a decode step must stream every weight once."""
     import time
+
+    import torch
 
     src = torch.empty(num_bytes // 4, dtype=torch.float32, device=device).fill_(1.0)
     dst = torch.empty_like(src)

@@ -119,7 +119,7 @@ def test_without_the_collective_timeout_a_stopped_rank_hangs_the_group_and_it_st
     try:
         assert handle.step_timeout_s is None  # the guard off is the guard absent, not a long number
         assert handle.wait_ready(240), handle.error
-        pids = handle.stats.facts["tp_rank_pids"]
+        pids = handle.stats.tp_rank_pids
         events = handle.submit(AddRequest("hung", hf_reference["prompts"][0]["prompt_ids"], LONG))
         assert isinstance(events.get(timeout=60), TokenDelta)
         os.kill(pids[1], signal.SIGSTOP)
@@ -151,7 +151,7 @@ def test_with_the_collective_timeout_the_group_fails_loudly_and_is_replaced(hf_r
         assert fleet.wait_ready(240)
         auto.start()
         first = fleet.replicas[0]
-        pids = first.stats.facts["tp_rank_pids"]
+        pids = first.stats.tp_rank_pids
         events = fleet.submit("doomed", hf_reference["prompts"][0]["prompt_ids"], LONG, None)
         assert isinstance(events.get(timeout=60), TokenDelta)
         os.kill(pids[1], signal.SIGSTOP)

@@ -3,59 +3,61 @@ pure pieces of the live lab, checked against numbers worked by hand."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from engine.clock import VirtualClock
-from engine.lab.envelope import MB, bottlenecks, decode_step_ms, envelope
+from engine.lab.envelope import MB, Facts, bottlenecks, decode_step_ms, envelope
 from engine.lab.traffic import Ramp
 from engine.levers import LEVERS
 from engine.serving.telemetry.events import EventLog
+from engine.serving.telemetry.snapshot import FleetSnapshot
 
 LEVERS_NOW = {key: lever.default for key, lever in LEVERS.items()} | {"prompt_tokens": 200, "output_tokens": 56}
 # SmolLM2-135M in bf16: 30 layers x 3 KV heads x 64 dims x K and V x 2 bytes = 23,040 bytes a token.
-FACTS = {"param_bytes": 270 * MB, "kv_bytes_per_token": 23040, "kv_budget_bytes": 512 * MB, "copy_gbs": 20.0}
+FACTS = Facts(param_bytes=270 * MB, kv_bytes_per_token=23040, kv_budget_bytes=512 * MB, copy_gbs=20.0)
 
 
 def test_envelope_from_the_live_config() -> None:
     env = envelope(LEVERS_NOW, FACTS)
     assert env is not None
-    assert env["kv_kb_per_token"] == pytest.approx(22.5)
-    assert env["kv_mb_per_sequence"] == pytest.approx(256 * 23040 / MB)
-    assert env["sequences_fit"] == 512 * MB // (256 * 23040)  # 91
-    assert env["batch"] == 64  # max_num_seqs binds before the KV budget does
+    assert env.kv_kb_per_token == pytest.approx(22.5)
+    assert env.kv_mb_per_sequence == pytest.approx(256 * 23040 / MB)
+    assert env.sequences_fit == 512 * MB // (256 * 23040)  # 91
+    assert env.batch == 64  # max_num_seqs binds before the KV budget does
     step_bytes = 270 * MB + 64 * (200 + 28) * 23040  # the weights once, plus the batch's cached K/V
-    assert env["decode_step_ms"] == pytest.approx(step_bytes / 20e9 * 1000)
-    assert env["capacity_tok_s"] == pytest.approx(64 / (env["decode_step_ms"] / 1000))
+    assert env.decode_step_ms == pytest.approx(step_bytes / 20e9 * 1000)
+    assert env.capacity_tok_s == pytest.approx(64 / (env.decode_step_ms / 1000))
+    # The page's JSON: the same keys as ever.
+    assert set(env.to_json()) == {
+        "weight_mb_per_device", "weight_mb_held", "kv_kb_per_token", "kv_mb_per_sequence", "kv_budget_mb",
+        "sequences_fit", "batch", "copy_gbs", "decode_step_ms", "capacity_tok_s",
+    }
 
 
 def test_a_shard_reports_its_own_footprint_and_floor() -> None:
     """Under tensor parallelism a replica reports its rank 0's shard (the largest): the envelope
     reads those per-device facts as they are, and counts replicas as gpu_count // tp."""
-    shard = FACTS | {"param_bytes": 180 * MB, "kv_bytes_per_token": 15360, "tp_rank_weight_bytes": [327 * MB, 294 * MB]}
+    shard = replace(FACTS, param_bytes=180 * MB, kv_bytes_per_token=15360, tp_rank_weight_bytes=[327 * MB, 294 * MB])
     env = envelope(LEVERS_NOW | {"tensor_parallel": 2, "gpu_count": 2}, shard)
     assert env is not None
-    assert env["weight_mb_per_device"] == pytest.approx(180) and env["weight_mb_held"] == pytest.approx(327)
-    assert env["sequences_fit"] == 512 * MB // (256 * 15360)  # a third fewer heads: half as many more sequences
-    assert env["capacity_tok_s"] == pytest.approx(64 / (env["decode_step_ms"] / 1000))  # one replica of two ranks
+    assert env.weight_mb_per_device == pytest.approx(180) and env.weight_mb_held == pytest.approx(327)
+    assert env.sequences_fit == 512 * MB // (256 * 15360)  # a third fewer heads: half as many more sequences
+    assert env.capacity_tok_s == pytest.approx(64 / (env.decode_step_ms / 1000))  # one replica of two ranks
     assert decode_step_ms(shard, 8, 100) < decode_step_ms(FACTS, 8, 100)
 
 
 def test_envelope_waits_for_a_replica_to_report() -> None:
-    assert envelope(LEVERS_NOW, {}) is None
+    assert envelope(LEVERS_NOW, Facts()) is None
 
 
 def test_bottlenecks_read_measured_values_against_their_limits() -> None:
-    snap = {
-        "kv_used_blocks": 95,
-        "kv_total_blocks": 100,
-        "running": 16,
-        "max_num_seqs": 64,
-        "batch_size": 16,
-        "tokens_per_s": 100.0,
-        "ttft_p99": 1.5,
-        "replicas": {"ready": 1},
-    }
-    readings = {b["key"]: b for b in bottlenecks(LEVERS_NOW, FACTS, snap)}
+    snap = FleetSnapshot(
+        time=0.0, kv_used_blocks=95, kv_total_blocks=100, running=16, max_num_seqs=64, batch_size=16,
+        tokens_per_s=100.0, ttft_p99=1.5, replicas={"ready": 1},
+    )
+    readings = {b.key: b.to_json() for b in bottlenecks(LEVERS_NOW, FACTS, snap)}
     assert set(readings) == {"kv_pressure", "weights", "decode", "slots", "ttft"}
     assert readings["kv_pressure"]["ratio"] == pytest.approx(0.95) and readings["kv_pressure"]["level"] == "hot"
     assert readings["slots"]["ratio"] == pytest.approx(0.25) and readings["slots"]["level"] == "ok"
@@ -66,8 +68,8 @@ def test_bottlenecks_read_measured_values_against_their_limits() -> None:
 
 
 def test_bottlenecks_with_nothing_measured_yet_are_idle() -> None:
-    snap = {"kv_used_blocks": 0, "kv_total_blocks": 0, "running": 0, "tokens_per_s": 0.0, "replicas": {}}
-    assert all(b["level"] == "idle" for b in bottlenecks(LEVERS_NOW, {}, snap))
+    snap = FleetSnapshot(time=0.0)
+    assert all(b.level == "idle" for b in bottlenecks(LEVERS_NOW, Facts(), snap))
 
 
 def test_event_log_cursor_sees_each_event_once() -> None:
@@ -94,20 +96,12 @@ def test_ramp_climbs_linearly_then_holds() -> None:
 
 
 def test_a_shard_group_shows_its_collectives_and_rank_weights() -> None:
-    facts = FACTS | {"tensor_parallel": 2, "tp_rank_weight_bytes": [327 * MB, 294 * MB], "allreduces_per_step": 60}
-    snap = {
-        "kv_used_blocks": 10,
-        "kv_total_blocks": 100,
-        "running": 4,
-        "max_num_seqs": 64,
-        "batch_size": 4,
-        "tokens_per_s": 20.0,
-        "ttft_p99": None,
-        "itl_p50": 0.170,
-        "allreduce_ms": 140.0,
-        "replicas": {"ready": 1},
-    }
-    readings = {b["key"]: b for b in bottlenecks(LEVERS_NOW, facts, snap)}
+    facts = replace(FACTS, tensor_parallel=2, tp_rank_weight_bytes=[327 * MB, 294 * MB], allreduces_per_step=60)
+    snap = FleetSnapshot(
+        time=0.0, kv_used_blocks=10, kv_total_blocks=100, running=4, max_num_seqs=64, batch_size=4,
+        tokens_per_s=20.0, ttft_p99=None, itl_p50=0.170, allreduce_ms=140.0, replicas={"ready": 1},
+    )
+    readings = {b.key: b.to_json() for b in bottlenecks(LEVERS_NOW, facts, snap)}
     assert readings["collectives"]["ratio"] == pytest.approx(140 / 170)
     assert readings["collectives"]["level"] == "hot" and "60 of them" in readings["collectives"]["text"]
     assert readings["weights"]["text"].startswith("327 / 294 MB")

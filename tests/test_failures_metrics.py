@@ -6,19 +6,16 @@ from __future__ import annotations
 
 from engine.clock import VirtualClock
 from engine.sequence import RequestTimes
-from engine.serving.replicas.messages import StepMessage, TokenDelta
+from engine.serving.replicas.messages import ReplicaStats, StepMessage, TokenDelta
 from engine.serving.telemetry.metrics import WINDOW_S, MetricsBus
 
 KEYS = ("expired_prefill_tokens", "ttft_max", "ttft_p999", "prefix_hit_rate")
 
 
-def stats(queries: int, hits: int, expired: int = 0, expired_prefill: int = 0) -> dict[str, int]:
-    return {
-        "prefix_cache_queries": queries,
-        "prefix_cache_hits": hits,
-        "num_expired": expired,
-        "expired_prefill_tokens": expired_prefill,
-    }
+def stats(queries: int, hits: int, expired: int = 0, expired_prefill: int = 0) -> ReplicaStats:
+    return ReplicaStats(
+        prefix_cache_queries=queries, prefix_cache_hits=hits, num_expired=expired, expired_prefill_tokens=expired_prefill
+    )
 
 
 def test_every_key_is_a_number_before_any_traffic() -> None:

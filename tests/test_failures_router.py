@@ -111,7 +111,7 @@ def test_deadline_recheck_off_prefills_requests_already_late(fleet: Fleet) -> No
         outcomes = traffic.collect()
         time.sleep(0.6)  # the replicas' next stats carry their counters
         after = fleet.snapshot()
-        at_replicas = sum(r.stats.facts.get("num_expired", 0) for r in fleet.replicas if r.stats)
+        at_replicas = sum(r.stats.num_expired for r in fleet.replicas if r.stats)
         return (
             outcomes,
             after.expired_prefill_tokens - before.expired_prefill_tokens,
@@ -131,7 +131,7 @@ def test_deadline_recheck_off_prefills_requests_already_late(fleet: Fleet) -> No
     assert checked_dropped >= 10 and sum(o.error == "deadline passed while queued" for o in checked) == checked_dropped
 
     # Per-replica inboxes: the late requests wait inside the replicas, whose scheduler drops them.
-    expired_before = sum(r.stats.facts.get("num_expired", 0) for r in fleet.replicas if r.stats)
+    expired_before = sum(r.stats.num_expired for r in fleet.replicas if r.stats)
     fleet.defences.update(central_queue=False)
     _, inboxed_prefill, inboxed_dropped, expired_after = burst("recheck-replica")
     fleet.defences.update(central_queue=True)
@@ -187,18 +187,18 @@ def test_central_queue_off_a_request_waits_behind_a_long_prefill(fleet: Fleet) -
 def test_prefix_aware_routing_off_halves_the_hit_rate(fleet: Fleet) -> None:
     def shared_preambles(tag: str, seed: int) -> tuple[float, float]:
         """5 preambles of 384 tokens, each sent 3 times in turn, one request at a time."""
-        facts = [r.stats.facts if r.stats else {} for r in fleet.replicas]
-        queries0 = sum(f.get("prefix_cache_queries", 0) for f in facts)
-        hits0 = sum(f.get("prefix_cache_hits", 0) for f in facts)
+        stats = [r.stats for r in fleet.replicas if r.stats]
+        queries0 = sum(s.prefix_cache_queries for s in stats)
+        hits0 = sum(s.prefix_cache_hits for s in stats)
         ttfts = []
         for i in range(15):
             traffic = Traffic(fleet, f"{tag}-{i}")
             traffic.submit(prompt(seed + i % 5, 384) + prompt(seed + 50 + i, 8), 1)
             ttfts += [o.ttft or 0.0 for o in traffic.collect()]
         time.sleep(0.6)  # the replicas' next stats carry their counters
-        facts = [r.stats.facts if r.stats else {} for r in fleet.replicas]
-        queries = sum(f.get("prefix_cache_queries", 0) for f in facts) - queries0
-        hits = sum(f.get("prefix_cache_hits", 0) for f in facts) - hits0
+        stats = [r.stats for r in fleet.replicas if r.stats]
+        queries = sum(s.prefix_cache_queries for s in stats) - queries0
+        hits = sum(s.prefix_cache_hits for s in stats) - hits0
         return hits / queries, percentile(ttfts, 50)
 
     aware_rate, aware_ttft = shared_preambles("prefix-on", 5000)

@@ -84,7 +84,7 @@ def tp_lab() -> Iterator[LiveLab]:
     def note_ranks(snap: dict[str, Any]) -> None:
         for replica in list(lab.fleet.replicas):
             if replica.stats is not None:
-                pids.update(replica.stats.facts.get("tp_rank_pids", []))
+                pids.update(replica.stats.tp_rank_pids)
 
     lab.fleet.subscribe(note_ranks)
     try:
@@ -98,13 +98,13 @@ def tp_lab() -> Iterator[LiveLab]:
 
 def test_without_the_defence_a_stopped_rank_hangs_the_group_until_resumed(tp_lab: LiveLab) -> None:
     lab, group = tp_lab, ready_group(tp_lab)
-    pids = group.stats.facts["tp_rank_pids"]
+    pids = group.stats.tp_rank_pids
     events = lab.fleet.submit("hung", PROMPT, LONG, None)
     assert isinstance(events.get(timeout=60), TokenDelta)
 
     answer = lab.hang_rank("stop")
-    assert (answer["replica"], answer["pid"], answer["guarded"]) == (group.replica_id, pids[1], False)
-    assert "collective_timeout is off" in answer["message"] and "Traffic is off" in answer["message"]
+    assert (answer.replica, answer.pid, answer.guarded) == (group.replica_id, pids[1], False)
+    assert "collective_timeout is off" in answer.message and "Traffic is off" in answer.message
     assert wait_for(lambda: process_state(pids[1]) == "T", 2), process_state(pids[1])  # a signal lands a moment later
     again = refusal(lambda: lab.hang_rank("stop"))
     assert (again.status, again.param) == (409, "action") and "already stopped" in again.message
@@ -118,7 +118,7 @@ def test_without_the_defence_a_stopped_rank_hangs_the_group_until_resumed(tp_lab
     assert events.empty()  # no token while it "looks" ready
 
     answer = lab.hang_rank("resume")
-    assert answer["resumed"] and "SIGCONT" in answer["message"]
+    assert answer.resumed and "SIGCONT" in answer.message
     assert isinstance(events.get(timeout=30), TokenDelta)  # tokens flow again
     assert process_state(pids[1]) != "T"
     nothing = refusal(lambda: lab.hang_rank("resume"))
@@ -131,19 +131,19 @@ def test_without_the_defence_a_stopped_rank_hangs_the_group_until_resumed(tp_lab
 def test_a_rebuild_resumes_the_rank_and_with_the_defence_the_group_fails_loudly(tp_lab: LiveLab) -> None:
     lab, old = tp_lab, ready_group(tp_lab)
     assert wait_for(lambda: old.num_in_flight == 0, 30)  # the last test's request aborted
-    pid = lab.hang_rank("stop")["pid"]
+    pid = lab.hang_rank("stop").pid
     lab.set_levers({"collective_timeout": True})  # a rebuild: the old group drains, so it must answer
     assert wait_for(lambda: process_state(pid) != "T", 2) and lab.hangs.stopped is None
     assert any("the replicas are rebuilt" in m for m in replica_messages(lab))
 
     assert wait_for(lambda: ready_group(lab) not in (None, old), 240), [r.error for r in lab.fleet.replicas]
     group = ready_group(lab)
-    pids = group.stats.facts["tp_rank_pids"]
+    pids = group.stats.tp_rank_pids
     events = lab.fleet.submit("doomed", PROMPT, LONG, None)
     assert isinstance(events.get(timeout=60), TokenDelta)
     answer = lab.hang_rank("stop")
     stopped = time.monotonic()
-    assert answer["guarded"] and "fails loudly" in answer["message"]
+    assert answer.guarded and "fails loudly" in answer.message
     assert wait_for(lambda: group.state == "failed", 16.0), group.state
     tail = until_last(events, 5)
     assert isinstance(tail[-1], RequestError) and "rank 1" in tail[-1].message
@@ -152,7 +152,7 @@ def test_a_rebuild_resumes_the_rank_and_with_the_defence_the_group_fails_loudly(
     assert wait_for(lambda: gone(pids[1]), 10)
 
     answer = lab.hang_rank("resume")
-    assert not answer["resumed"] and "replaced" in answer["message"]
+    assert not answer.resumed and "replaced" in answer.message
     assert refusal(lambda: lab.hang_rank("resume")).status == 409
 
 

@@ -80,8 +80,8 @@ def test_the_simulated_fleet_serves_open_ended_traffic_through_the_live_snapshot
     assert lab.finished > 100 and lab.sent >= 300  # about 50 req/s for 8 s
     assert snap.allreduce_ms > 0  # TP8: the cost model's all-reduces
     facts = lab.facts()
-    weights = next(r for r in bottlenecks(lab.levers, facts, snap.to_json()) if r["key"] == "weights")
-    assert weights["text"].startswith("17.6 GB of weights per device, on each of 8")
+    weights = next(r for r in bottlenecks(lab.levers, facts, snap) if r.key == "weights")
+    assert weights.text.startswith("17.6 GB of weights per device, on each of 8")
     kinds = {e["kind"] for e in lab.events.recent(limit=2000)}
     assert {"admitted", "finished"} <= kinds
     lab.stop_traffic()

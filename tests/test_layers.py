@@ -160,7 +160,7 @@ def test_the_lever_table_does_not_import_torch() -> None:
 def test_the_web_floor_reads_the_serving_contracts_without_torch() -> None:
     """The API blueprint, the live stream, the pages and the figures need the contracts (finish
     reasons, logprobs, the lab's facade), not the engine: torch is the composition root's to load.
-    The what-if panels still load it, through the simulator's engine (engine/sim runs LLMEngine)."""
+    tests/test_web_imports.py holds the same for app.py, the what-if panels and the remote lab."""
     import subprocess
     import sys
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+
+import pytest
+
 from engine.clock import VirtualClock
 from engine.sequence import RequestTimes
-from engine.serving.replicas.messages import StepMessage, TokenDelta
+from engine.serving.replicas.messages import ReplicaStats, StepMessage, TokenDelta
 from engine.serving.telemetry.metrics import MetricsBus
 
 
@@ -17,15 +21,10 @@ def delta(
 def test_latencies_counters_and_prometheus_names() -> None:
     clock = VirtualClock(100.0)
     bus = MetricsBus(clock)
-    stats = {
-        "running": 2,
-        "waiting": 1,
-        "kv_used_blocks": 30,
-        "kv_total_blocks": 120,
-        "num_preemptions": 3,
-        "prefix_cache_queries": 200,
-        "prefix_cache_hits": 64,
-    }
+    stats = ReplicaStats(
+        running=2, waiting=1, kv_used_blocks=30, kv_total_blocks=120, num_preemptions=3,
+        prefix_cache_queries=200, prefix_cache_hits=64,
+    )
     # Arrival is the router's stamp; "queued" is when the replica's scheduler got the request.
     a = RequestTimes(99.0, queued=99.125, scheduled=99.25, first_token=99.5, tokens=[99.5])
     b = RequestTimes(99.0, queued=99.0625, scheduled=99.125, first_token=99.25, tokens=[99.25])
@@ -36,7 +35,7 @@ def test_latencies_counters_and_prometheus_names() -> None:
     a_end = RequestTimes(99.0, 99.125, 99.25, 99.5, tokens=[99.5, 99.75, 100.0], finished=100.0)
     bus.observe(StepMessage(0, 100.0, [delta("a", 2, True, "length", a_end)], stats=stats))
     b_end = RequestTimes(99.0, 99.0625, 99.125, 99.25, tokens=[99.25, 99.5], aborted=100.0)
-    bus.observe(StepMessage(1, 100.0, [delta("b", 0, True, "abort", b_end)], stats={}, state="draining"))
+    bus.observe(StepMessage(1, 100.0, [delta("b", 0, True, "abort", b_end)], state="draining"))
     # Replicas by state come from their owner (the fleet): a killed replica sends no message.
     states = {"ready": 1, "draining": 1}
     snap = bus.snapshot(queue_depth=4, rejected={"queue_full": 2}, replicas=states)
@@ -62,3 +61,15 @@ def test_latencies_counters_and_prometheus_names() -> None:
     assert 'servelab_rejected_requests_total{reason="queue_full"} 2' in text
     assert "servelab_wasted_tokens_total 2" in text
     assert 'servelab_replicas{state="draining"} 1' in text
+
+
+def test_replica_stats_cross_the_pipe_typed() -> None:
+    """A live replica types its engine's stats in its own process; the record pickles over the
+    pipe as it is, and an engine figure with no field is refused, not silently dropped."""
+    engine = {"running": 2, "kv_used_blocks": 3, "kv_total_blocks": 10, "tp_rank_pids": [41, 42]}
+    stats = ReplicaStats.of_engine(engine, max_num_seqs=4, pid=41, copy_gbs=12.5)
+    msg = pickle.loads(pickle.dumps(StepMessage(0, 1.0, stats=stats)))
+    assert msg.stats == stats and msg.stats.free_blocks == 7 and msg.stats.tp_rank_pids == [41, 42]
+    assert StepMessage(0, 1.0).stats is None  # a message with no step: the bus keeps the last stats
+    with pytest.raises(TypeError, match="no field for the engine's"):
+        ReplicaStats.of_engine(engine | {"a_new_figure": 1})

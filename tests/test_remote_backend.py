@@ -131,8 +131,9 @@ def test_lab_over_a_bad_remote_stays_usable_and_says_why(canned: CannedServer) -
     try:
         lab.poller.tick()
         state = lab.live_state()
-        assert state["status"] == "not OpenAI-compatible"
-        assert any("not Prometheus text" in p for p in state["remote"]["problems"])
+        assert state.status == "not OpenAI-compatible" and state.remote is not None
+        assert any("not Prometheus text" in p for p in state.remote.problems)
+        assert state.to_json()["remote"]["problems"] == state.remote.problems  # the page's JSON
         events = [e["message"] for e in lab.events.recent("remote")]
         assert any("not OpenAI-compatible" in m for m in events) and any("not Prometheus text" in m for m in events)
         # Metrics under other names: named, and the charts' keys are None (the clients' still there).

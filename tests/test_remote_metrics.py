@@ -100,12 +100,12 @@ def test_sglang_names_map_onto_the_same_quantities() -> None:
     window = RemoteWindow()
     window.add(reading)
     snap = window.snapshot()
-    assert snap["running"] == 8 and snap["queue_depth"] == 3
-    assert (snap["kv_used_blocks"], snap["kv_total_blocks"]) == (42, 100)  # no block count: percent of the cache
-    assert snap["tokens_per_s"] == 512.5  # one scrape, no counter delta yet: SGLang's own gauge
-    assert snap["prefix_hit_rate"] == 0.3
-    assert {"preempted", "queue_time_p50", "kv_total_blocks"} <= set(snap["missing"])  # SGLang does not say
-    assert "ttft_p50" not in snap["missing"] and "running" not in snap["missing"]
+    assert snap.running == 8 and snap.queue_depth == 3
+    assert (snap.kv_used_blocks, snap.kv_total_blocks) == (42, 100)  # no block count: percent of the cache
+    assert snap.tokens_per_s == 512.5  # one scrape, no counter delta yet: SGLang's own gauge
+    assert snap.prefix_hit_rate == 0.3
+    assert {"preempted", "queue_time_p50", "kv_total_blocks"} <= set(snap.missing)  # SGLang does not say
+    assert "ttft_p50" not in snap.missing and "running" not in snap.missing
 
 
 def test_flavour_from_prefixes_then_owned_by() -> None:
@@ -136,15 +136,15 @@ def test_window_percentiles_come_from_bucket_deltas_and_counters_become_rates() 
     window.add(read_exposition(parse(_scrape(10.0, (6, 24, 36), 1600, 2000, 600)), 10.0, "m"))
     snap = window.snapshot()
     # the window's buckets: (0.1: 2, 0.5: 12, 1.0: 20, +Inf: 20)
-    assert snap["ttft_p50"] == pytest.approx(0.42)  # rank 10 in (0.1, 0.5]: 0.1 + 0.4 * (10 - 2) / 10
-    assert snap["ttft_p99"] == pytest.approx(0.9875)  # rank 19.8 in (0.5, 1]: 0.5 + 0.5 * 7.8 / 8
-    assert snap["tokens_per_s"] == pytest.approx(60.0)  # 600 tokens over 10 s
-    assert snap["prefix_hit_rate"] == pytest.approx(0.5)  # 500 hits of 1000 queried tokens
+    assert snap.ttft_p50 == pytest.approx(0.42)  # rank 10 in (0.1, 0.5]: 0.1 + 0.4 * (10 - 2) / 10
+    assert snap.ttft_p99 == pytest.approx(0.9875)  # rank 19.8 in (0.5, 1]: 0.5 + 0.5 * 7.8 / 8
+    assert snap.tokens_per_s == pytest.approx(60.0)  # 600 tokens over 10 s
+    assert snap.prefix_hit_rate == pytest.approx(0.5)  # 500 hits of 1000 queried tokens
     # The remote restarted (its counters went down): the window starts over from zero.
     window.add(read_exposition(parse(_scrape(11.0, (1, 2, 2), 50, 10, 5)), 11.0, "m"))
     snap = window.snapshot()
-    assert snap["tokens_per_s"] == pytest.approx(50.0)  # 50 since the last scrape before it, 1 s ago
-    assert snap["ttft_p50"] == pytest.approx(0.1)  # rank 1 of (0.1: 1, 0.5: 2): the top of (0, 0.1]
+    assert snap.tokens_per_s == pytest.approx(50.0)  # 50 since the last scrape before it, 1 s ago
+    assert snap.ttft_p50 == pytest.approx(0.1)  # rank 1 of (0.1: 1, 0.5: 2): the top of (0, 0.1]
 
 
 def test_window_keeps_one_baseline_from_before_it_began() -> None:
@@ -152,7 +152,7 @@ def test_window_keeps_one_baseline_from_before_it_began() -> None:
     for t in (0.0, 10.0, 20.0, 30.0, 40.0):
         window.add(read_exposition(parse(_scrape(t, (0, 0, 0), int(t * 10), 0, 0)), t, "m"))
     assert [r.time for r in window.readings] == [10.0, 20.0, 30.0, 40.0]
-    assert window.snapshot()["tokens_per_s"] == pytest.approx(10.0)  # (400 - 100) / 30 s
+    assert window.snapshot().tokens_per_s == pytest.approx(10.0)  # (400 - 100) / 30 s
 
 
 def test_recorded_vllm_cpu_metrics_map_onto_every_quantity_vllm_has() -> None:
@@ -176,5 +176,5 @@ def test_recorded_vllm_cpu_metrics_map_onto_every_quantity_vllm_has() -> None:
     window = RemoteWindow()
     window.add(reading)
     snap = window.snapshot()
-    assert snap["kv_total_blocks"] == 728 and snap["kv_used_blocks"] == round(0.012379642365887178 * 728)  # 9
-    assert snap["running"] == 4 and snap["missing"][:1] == ["allreduce_ms"]  # nothing vLLM has is missing
+    assert snap.kv_total_blocks == 728 and snap.kv_used_blocks == round(0.012379642365887178 * 728)  # 9
+    assert snap.running == 4 and snap.missing[:1] == ["allreduce_ms"]  # nothing vLLM has is missing

@@ -76,7 +76,7 @@ def rank_fails_mid_stream(config: EngineConfig, how: int, named: str, hf_referen
     pids: list[int] = []
     try:
         assert handle.wait_ready(240), handle.error
-        pids = handle.stats.facts["rank_pids"]
+        pids = handle.stats.rank_pids
         assert len(pids) == 2 and pids[0] == handle.process.pid
         prompt = hf_reference["prompts"][0]["prompt_ids"]
         events = handle.submit(AddRequest("doomed", prompt, SamplingParams(max_tokens=2000, ignore_eos=True)))

@@ -160,7 +160,7 @@ class ClassRegistry:
                 card.options,
                 card.answer,
                 [],
-                card=card.view(),
+                card=card,
             )
             return {}
         if action == "apply":
@@ -168,11 +168,11 @@ class ClassRegistry:
                 raise ServingError(409, "ask a prediction first", "action", "no_prediction")
             card = cls.predict.card
             lesson = self.live.lessons.step(cls.step)
-            levers = lesson.meta[card["kind"]][card["index"]]["levers"]  # type: ignore[union-attr]
-            result = self.live.lab.set_levers(levers, source=f"class prediction '{card['title']}'")
+            levers = lesson.meta[card.kind][card.index]["levers"]  # type: ignore[union-attr]
+            result = self.live.lab.set_levers(levers, source=f"class prediction '{card.title}'")
             cls.predict.phase = ClassPhase.APPLIED
             # Each page takes its own "before" now and its "after" settle_s later, then shows the answer.
-            applied = {"card": card, "correct": cls.predict.correct}
+            applied = {"card": card.view(), "correct": cls.predict.correct}
             self.live.socketio.emit("class_applied", applied, namespace=NAMESPACE, to=self._room_sids(cls))
             return {"levers": result.levers}
         raise ServingError(400, "action must be ask or apply", "action")
@@ -268,7 +268,7 @@ def _page_error(err: ServingError) -> tuple[str, int]:
 def _render(template: str, **context: Any) -> str:
     live = registry().live
     return render_template(
-        template, lessons=live.lessons.lessons(), live=live.lab.live_state(), chart_titles=CHARTS, **context
+        template, lessons=live.lessons.lessons(), live=live.lab.live_state().to_json(), chart_titles=CHARTS, **context
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from engine.errors import InvalidParamError, ServingError
 from engine.lab.live_limits import FLOOD_MAX_RATE, LIVE_MAX
 from engine.levers import LEVERS
+from web.predictions import PredictCard
 
 NAME_MAX = 40  # characters of a student's name
 PROMPT_MAX_CHARS = 2000  # the student page's prompt box (the API's own limits apply beyond)
@@ -86,7 +87,7 @@ class Question:
     whys: list[str]
     phase: ClassPhase = ClassPhase.OPEN
     answers: dict[str, int] = field(default_factory=dict)
-    card: dict[str, Any] | None = None  # a prediction's card: {kind, index, title, metric}
+    card: PredictCard | None = None  # a prediction's card (the page gets its view())
 
     def answer(self, student_id: str, index: Any) -> None:
         if self.phase is not ClassPhase.OPEN:
@@ -107,7 +108,7 @@ class Question:
             "options": self.options,
             "phase": self.phase.value,
             "answered": len(self.answers),
-            "card": self.card,
+            "card": self.card.view() if self.card is not None else None,
         }
         if teacher or self.phase is ClassPhase.REVEALED:
             out["counts"] = self.counts()

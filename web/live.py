@@ -108,7 +108,7 @@ class LiveChannel:
         role = self._role(presented)
         self._presented[request.sid] = presented  # type: ignore[attr-defined]
         self.roles[request.sid] = role  # type: ignore[attr-defined]
-        self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state()}, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
+        self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state().to_json()}, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
         traces = self.lab.traces
         if traces is not None:
             trace = {"time": traces.clock.now(), "run": self.lab.run, "full": True, **traces.full()}
@@ -128,7 +128,7 @@ class LiveChannel:
             role = self._role(presented)
             if self.roles.get(sid) != role:
                 self.roles[sid] = role
-                self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state()}, to=sid, namespace=NAMESPACE)
+                self.socketio.emit("hello", {"role": role, "lab": self.lab.live_state().to_json()}, to=sid, namespace=NAMESPACE)
 
     def on_disconnect(self, *args: Any) -> None:
         sid = request.sid  # type: ignore[attr-defined]
@@ -149,7 +149,7 @@ class LiveChannel:
 
     def on_hang_rank(self, data: Any) -> dict[str, Any]:
         data = data if isinstance(data, dict) else {}
-        return self._guarded(lambda: self.lab.hang_rank(data.get("action", "")))
+        return self._guarded(lambda: self.lab.hang_rank(data.get("action", "")).to_json())
 
     def on_scenario(self, data: Any) -> dict[str, Any]:
         return self._guarded(lambda: self._scenario(data if isinstance(data, dict) else {}))

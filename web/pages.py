@@ -39,7 +39,7 @@ def library() -> LessonLibrary:
 
 @pages.get("/")
 def index() -> str:
-    return render_template("index.html", lessons=library().lessons(), live=lab().live_state(), evolution=EVOLUTION)
+    return render_template("index.html", lessons=library().lessons(), live=lab().live_state().to_json(), evolution=EVOLUTION)
 
 
 def _drawable(charts: Iterable[str]) -> list[str]:
@@ -59,7 +59,7 @@ def step(number: int) -> str:
         "step.html",
         lesson=lesson,
         lessons=lessons,
-        live=lab().live_state(),
+        live=lab().live_state().to_json(),
         levers=[LEVERS[key] for key in lesson.meta["levers"]],
         charts=_drawable(lesson.meta["charts"]),
         diagram=diagram(number),
@@ -73,7 +73,7 @@ def lab_page() -> str:
     return render_template(
         "lab.html",
         lessons=library().lessons(),
-        live=lab().live_state(),
+        live=lab().live_state().to_json(),
         levers=list(LEVERS.values()),
         charts=_drawable(CHARTS),
         diagram=diagram(None),
@@ -86,7 +86,7 @@ def lab_page() -> str:
 def failures_page() -> str:
     """The failure gallery: every defence lever's failure, a break / fix toggle and its metric live."""
     return render_template(
-        "failures.html", lessons=library().lessons(), live=lab().live_state(), failures=FAILURES, **_shared()
+        "failures.html", lessons=library().lessons(), live=lab().live_state().to_json(), failures=FAILURES, **_shared()
     )
 
 

@@ -23,11 +23,12 @@ import select
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
+
+from engine.clock import WALL_CLOCK, Clock
 
 POLL_S = 0.05  # how often a relay re-reads its settings and looks at the client's socket
 READ_BYTES = 65536
@@ -61,7 +62,13 @@ class ProxyCounts:
 class LabProxy:
     """A threaded HTTP forwarder on its own localhost port; `base_url` once started."""
 
-    def __init__(self, upstream: str, settings: Callable[[], ProxySettings], host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        upstream: str,
+        settings: Callable[[], ProxySettings],
+        host: str = "127.0.0.1",
+        clock: Clock = WALL_CLOCK,
+    ) -> None:
         url = urlsplit(upstream)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"the proxy forwards to http(s)://host[:port], got {upstream!r}")
@@ -70,6 +77,7 @@ class LabProxy:
         self.upstream_host, self.upstream_port = url.hostname, url.port or (443 if self.upstream_tls else 80)
         self.upstream_path = url.path.rstrip("/")
         self.settings = settings
+        self.clock = clock  # the idle timeouts' clock: how long the upstream has been silent
         self.counts = ProxyCounts()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _handler_for(self))
@@ -153,7 +161,8 @@ class _RelayHandler(BaseHTTPRequestHandler):
         passes, or the client leaves; flush or hold them as the setting says at each read."""
         held: list[bytes] = []
         relayed = False  # any byte already sent to the client
-        last_byte = time.monotonic()
+        clock = self.proxy.clock
+        last_byte = clock.now()
         watch_client = True
         while True:
             settings = self.proxy.settings()
@@ -174,14 +183,14 @@ class _RelayHandler(BaseHTTPRequestHandler):
                     self._send(b"".join(held))
                     return
                 if data:
-                    last_byte = time.monotonic()
+                    last_byte = clock.now()
                     held.append(data)
             if held and settings.stream_flush:
                 if not self._send(b"".join(held)):
                     return
                 held, relayed = [], True
             timeout = settings.idle_timeout_s
-            if timeout > 0 and time.monotonic() - last_byte > timeout:
+            if timeout > 0 and clock.now() - last_byte > timeout:
                 self.proxy.count("cut_idle")
                 upstream.shutdown(socket.SHUT_RDWR)
                 if not relayed:
@@ -192,14 +201,15 @@ class _RelayHandler(BaseHTTPRequestHandler):
     def _read_to_end(self, upstream: socket.socket) -> None:
         """The client left and the server is not told: read the rest of its response for
         nobody, counting the data chunks made for a client already gone."""
-        last_byte = time.monotonic()
-        while time.monotonic() - last_byte < ORPHAN_IDLE_S:
+        clock = self.proxy.clock
+        last_byte = clock.now()
+        while clock.now() - last_byte < ORPHAN_IDLE_S:
             readable, _, _ = select.select([upstream], [], [], POLL_S)
             data = _recv(upstream) if readable else None
             if data == b"":
                 return
             if data:
-                last_byte = time.monotonic()
+                last_byte = clock.now()
                 for _ in range(data.count(b"data: {")):
                     self.proxy.count("orphan_chunks")
 

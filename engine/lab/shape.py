@@ -13,7 +13,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.lab.envelope import decode_step_ms
+from engine.lab.envelope import Bottleneck, Facts, decode_step_ms
+from engine.serving.telemetry.snapshot import FleetSnapshot
 
 ONE_REQUEST_MAX = 1.0  # requests in flight (Little's law) up to which one-at-a-time keeps up
 STATIC_BATCH_MAX = 4.0  # up to this many in flight a static batch wastes little (teaching assumption)
@@ -141,20 +142,20 @@ def min_tensor_parallel(fits: dict[int, bool]) -> int | None:
     return next((tp for tp in sorted(fits) if fits[tp]), None)
 
 
-def decode_step_s(facts: dict[str, Any], prompt_tokens: int, output_tokens: int) -> float | None:
+def decode_step_s(facts: Facts, prompt_tokens: int, output_tokens: int) -> float | None:
     """One sequence's decode step at its roofline (the envelope's), from a replica's facts."""
-    if not (facts.get("param_bytes") and facts.get("kv_bytes_per_token") and facts.get("copy_gbs")):
+    if not facts.roofline_known:
         return None
     return decode_step_ms(facts, 1, prompt_tokens + output_tokens // 2) / 1000
 
 
 def shape_for(
-    levers: dict[str, Any], facts: dict[str, Any], snap: dict[str, Any], readings: list[dict[str, Any]],
+    levers: dict[str, Any], facts: Facts, snap: FleetSnapshot, readings: list[Bottleneck],
     device: str, device_memory_bytes: int, weight_bytes_total: int, min_tp: int | None, simulated: bool,
 ) -> Shape:
     """The recommendation for a lab's levers, a replica's facts, a snapshot and its bottleneck
     readings (the decode one says how much headroom decode has)."""
-    decode = next((r["ratio"] for r in readings if r["key"] == "decode"), None)
+    decode = next((r.ratio for r in readings if r.key == "decode"), None)
     prompt, output = int(levers["prompt_tokens"]), int(levers["output_tokens"])
     return recommend(ShapeInputs(
         request_rate=float(levers["request_rate"]), prompt_tokens=prompt, output_tokens=output,
@@ -163,7 +164,7 @@ def shape_for(
         min_tensor_parallel=min_tp, decode_step_s=decode_step_s(facts, prompt, output),
         disaggregated=simulated and int(levers["prefill_gpus"]) > 0,  # the live engine has one pool
         prefill_gpus=int(levers["prefill_gpus"]), decode_gpus=int(levers["decode_gpus"]),
-        ttft_p99_s=snap.get("ttft_p99"), decode_ratio=decode,
+        ttft_p99_s=snap.ttft_p99, decode_ratio=decode,
     ))
 
 

@@ -3,7 +3,8 @@ follow the levers while it runs, with an optional linear ramp (the "flood").
 
 Each arrival draws its gap from the same gamma distribution as the benchmark load generator
 (Poisson at burstiness 1): next_gap() and next_request() are the steps, read at the clock's
-now(); live, a thread waits out each gap and every request runs on its own thread.
+now(). Each gap is waited out on a driver (live, a WallClockDriver's timer; the simulated lab
+books its arrivals the same way on its EventLoop), and every request runs on its own thread.
 
 Where the lab knows its server's URL (connect(): the composition root passes it once the server
 is bound), each request goes over HTTP like any user's: the lab's clients (lab_clients.py:
@@ -26,7 +27,8 @@ from engine.clock import WALL_CLOCK, Clock
 from engine.lab.client_stats import ClientLatency
 from engine.lab.live.lab_clients import Attempt, ClientCounts, ClientPolicy, LabHttpClient, RefusalHook
 from engine.lab.proxy import LabProxy, ProxySettings
-from engine.serving.load.loadgen import VOCAB, LoadRequest, RouterTarget, Target, arrival_gap, draw_length, now
+from engine.serving.driver import Driver, WallClockDriver
+from engine.serving.load.loadgen import VOCAB, LoadRequest, RouterTarget, Target, arrival_gap, draw_length
 from engine.serving.load.loadgen_metrics import RequestRecord
 from engine.serving.routing.router import Router
 
@@ -37,6 +39,8 @@ from engine.serving.routing.router import Router
 BATCH_EVERY = 4
 BATCH_PRIORITY = 1
 MAX_IN_FLIGHT = 512  # client threads: past this the generator waits, so the web process stays light
+RATE_ZERO_LOOK_S = 0.2  # at rate 0, how often the levers are read again
+LONG_GAP_S = 5.0  # a longer gap is not waited out: the levers are read again first (a raised rate applies)
 
 
 @dataclass
@@ -63,6 +67,7 @@ class TrafficDriver:
         api_key: str | None = None,
         clock: Clock = WALL_CLOCK,
         seed: int = 0,
+        driver: Driver | None = None,
     ) -> None:
         # No router: a remote backend's lab (issue 17), which connect()s before it sends.
         self._target: Target | None = None if router is None else RouterTarget(router, api_key)
@@ -76,8 +81,11 @@ class TrafficDriver:
         self.counts = ClientCounts()
         self.clients = ClientLatency()
         self._in_flight = threading.Semaphore(MAX_IN_FLIGHT)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # Waits out the gaps. Never stopped: a stopped WallClockDriver stays stopped, and the
+        # traffic starts again; a step booked for an earlier run finds the run moved on.
+        self._driver: Driver = driver if driver is not None else WallClockDriver("traffic")
+        self._run = 0  # the current run of arrivals; stop() and start() move it on
+        self._sending = False
         self._run_id = uuid.uuid4().hex[:6]
 
     @property
@@ -102,7 +110,7 @@ class TrafficDriver:
         answer other than 200 (lab_clients.RefusalHook); settings replaces the proxy's
         settings from the levers (a remote lab adds relay_hangup)."""
         self.close()
-        self.proxy = LabProxy(server_url, settings or self.proxy_settings).start()
+        self.proxy = LabProxy(server_url, settings or self.proxy_settings, clock=self.clock).start()
         self._target = LabHttpClient(
             self.proxy.base_url, model, self.client_policy, self.counts, self._api_key,
             random.Random(self.rng.random()), on_refusal,
@@ -128,7 +136,7 @@ class TrafficDriver:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+        return self._sending
 
     def current_rate(self) -> float:
         if self.ramp is not None:
@@ -142,13 +150,14 @@ class TrafficDriver:
         self.ramp = None if ramp_to is None else Ramp(base, ramp_to, now, ramp_s)
         if self.running:
             return
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(self._stop,), name="traffic", daemon=True)
-        self._thread.start()
+        self._run += 1
+        self._sending = True
+        self._book(self._run, now)
 
     def stop(self) -> None:
         """Stop sending; requests in flight finish normally (none is cut)."""
-        self._stop.set()
+        self._sending = False
+        self._run += 1  # the arrival already booked does nothing
         self.ramp = None
 
     def next_gap(self) -> float | None:
@@ -172,18 +181,43 @@ class TrafficDriver:
         self.sent += 1
         return request
 
-    def _loop(self, stop: threading.Event) -> None:
-        """Live: wait out each gap on the wall clock, then send on a client thread."""
-        while not stop.is_set():
-            gap = self.next_gap()
-            if gap is None:
-                stop.wait(0.2)
-                continue
-            if stop.wait(min(gap, 5.0)) or gap > 5.0:  # a long gap re-reads the levers first
-                continue
-            if not self._in_flight.acquire(timeout=1.0):
-                continue
+    def _book(self, run: int, since: float) -> None:
+        """Book run's next step on the driver: the next arrival one gap after `since` (the clock's
+        time at the last one: sending and booking do not lengthen the gap), or, at rate 0 or
+        past a long gap, another look at the levers."""
+        gap = self.next_gap()
+        wait = RATE_ZERO_LOOK_S if gap is None else min(gap, LONG_GAP_S)
+        delay_s = max(0.0, since + wait - self.clock.now())
+        if gap is not None and gap <= LONG_GAP_S:
+            self._after(run, delay_s, lambda: self._arrive(run))
+        else:
+            self._after(run, delay_s, lambda: self._book(run, self.clock.now()))
+
+    def _arrive(self, run: int) -> None:
+        """One arrival, sent on a client thread, then the next one booked. With MAX_IN_FLIGHT
+        requests out it waits up to a second for one to end, then drops the arrival."""
+        sending = self._in_flight.acquire(timeout=1.0)
+        since = self.clock.now()
+        if sending:
             threading.Thread(target=self._send, args=(self.next_request(),), daemon=True).start()
+        self._book(run, since)
+
+    def _after(self, run: int, delay_s: float, step: Callable[[], None]) -> None:
+        """Run step delay_s from now on the driver, if run is still the current one. A step that
+        raises books nothing after it, so the traffic has ended: running says so (the driver
+        logs why)."""
+
+        def booked() -> None:
+            if run != self._run:
+                return
+            try:
+                step()
+            except Exception:
+                if run == self._run:
+                    self._sending = False
+                raise
+
+        self._driver.after(delay_s, booked)
 
     def burst(self, count: int) -> list[RequestRecord]:
         """Send `count` requests at once, beside any flood (a spike, an outage's backlog
@@ -204,7 +238,7 @@ class TrafficDriver:
         target = self._target
         if target is None:  # nothing to send to yet
             record.fail("the lab's traffic has no server to send to")
-            self.counts.record(Attempt(now(), 1, "failed", now()))
+            self.counts.record(Attempt(self.clock.now(), 1, "failed", self.clock.now()))
             self._in_flight.release()
             return
         try:
@@ -212,6 +246,6 @@ class TrafficDriver:
             target.send(request, record, threading.Event())
             if not isinstance(target, LabHttpClient):  # in process: one attempt, counted here
                 outcome = {"ok": "ok", "rejected": "refused"}.get(record.status, "failed")
-                self.counts.record(Attempt(record.send_time or now(), 1, outcome, now()))
+                self.counts.record(Attempt(record.send_time or self.clock.now(), 1, outcome, self.clock.now()))
         finally:
             self._in_flight.release()

@@ -8,7 +8,7 @@ one sequence at a time. Q/K/V and gate/up are fused into one matmul each.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,28 +16,7 @@ from torch import nn
 
 from engine import machine
 from engine.kernels import Impl, cpu_attention, paged_attention_decode, pick_impl, prefill_attention, store_kv
-
-
-@dataclass
-class LlamaConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position: int
-    tie_word_embeddings: bool = True
-    bos_token_id: int | None = None
-    eos_token_ids: list[int] = field(default_factory=list)
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V for every layer, in bytes per element of 1 (multiply by the dtype's size)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
+from engine.model.llama_config import LlamaConfig  # re-exported: the model's shape, torch-free
 
 
 @dataclass

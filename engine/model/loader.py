@@ -6,7 +6,6 @@ rotate-half RoPE serves both formats, as transformers does.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -15,10 +14,15 @@ import torch
 from tqdm import tqdm
 
 from engine.errors import ModelLoadError
-from engine.model.gguf_file import GGUFFile, open_gguf
-from engine.model.llama import Llama, LlamaConfig
-
-SUPPORTED_ARCHITECTURES = ("llama",)
+from engine.model.gguf_file import open_gguf
+from engine.model.llama import Llama
+from engine.model.llama_config import (  # noqa: F401 - re-exported: the shape alone, torch-free
+    SUPPORTED_ARCHITECTURES,
+    LlamaConfig,
+    _hf_config,
+    gguf_config,
+    model_config,
+)
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: str = "cpu") -> Llama:
@@ -80,33 +84,6 @@ _GGUF_NAMES = {
 }
 
 
-def gguf_config(path: Path, file: GGUFFile | None = None) -> LlamaConfig:
-    """The model's shape from a GGUF file's metadata alone (no tensor is read)."""
-    file = file or open_gguf(path)
-    meta = file.meta
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(f"{path.name} holds a {arch!r} model; this engine runs {SUPPORTED_ARCHITECTURES}")
-    num_heads = int(meta["llama.attention.head_count"])
-    hidden = int(meta["llama.embedding_length"])
-    eos = meta.get("tokenizer.ggml.eos_token_id")
-    return LlamaConfig(
-        vocab_size=len(meta["tokenizer.ggml.tokens"]),
-        hidden_size=hidden,
-        intermediate_size=int(meta["llama.feed_forward_length"]),
-        num_layers=int(meta["llama.block_count"]),
-        num_heads=num_heads,
-        num_kv_heads=int(meta.get("llama.attention.head_count_kv", num_heads)),
-        head_dim=int(meta.get("llama.attention.key_length", hidden // num_heads)),
-        rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
-        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-        max_position=int(meta["llama.context_length"]),
-        tie_word_embeddings=not any(t.name == "output.weight" for t in file.tensors),
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=[] if eos is None else [int(eos)],
-    )
-
-
 def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     """The model's config and its dequantized float32 tensors, Q/K rows in HF's order."""
     import gguf
@@ -153,45 +130,6 @@ _HF_NAMES = {
     "mlp.up_proj.weight": "up",
     "mlp.down_proj.weight": "down",
 }
-
-
-def model_config(path: str | Path) -> LlamaConfig:
-    """The model's shape alone (no tensor is read): what a sharded replica checks before it
-    spawns its ranks."""
-    path = Path(path)
-    if path.is_dir():
-        return _hf_config(path)
-    if path.is_file() and path.suffix == ".gguf":
-        return gguf_config(path)
-    raise ModelLoadError(f"no GGUF file or HF model folder at {str(path)!r}")
-
-
-def _hf_config(path: Path) -> LlamaConfig:
-    config_file = path / "config.json"
-    if not config_file.exists():
-        raise ModelLoadError(f"{str(path)!r} has no config.json")
-    raw = json.loads(config_file.read_text())
-    if raw.get("model_type") not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(
-            f"{path.name} holds a {raw.get('model_type')!r} model; this engine runs {SUPPORTED_ARCHITECTURES}"
-        )
-    num_heads = raw["num_attention_heads"]
-    eos = raw.get("eos_token_id")
-    return LlamaConfig(
-        vocab_size=raw["vocab_size"],
-        hidden_size=raw["hidden_size"],
-        intermediate_size=raw["intermediate_size"],
-        num_layers=raw["num_hidden_layers"],
-        num_heads=num_heads,
-        num_kv_heads=raw.get("num_key_value_heads", num_heads),
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
-        rms_norm_eps=raw["rms_norm_eps"],
-        rope_theta=raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0),
-        max_position=raw["max_position_embeddings"],
-        tie_word_embeddings=raw.get("tie_word_embeddings", False),
-        bos_token_id=raw.get("bos_token_id"),
-        eos_token_ids=[] if eos is None else (eos if isinstance(eos, list) else [eos]),
-    )
 
 
 def _read_hf_folder(path: Path) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:

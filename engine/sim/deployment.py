@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.memory import MemoryPlan, activation_bytes, plan_budget
-from engine.model.llama import LlamaConfig
+from engine.model.llama_config import LlamaConfig
 from engine.model.partition import stage_layers
 from engine.sim import constants as C
 from engine.sim.devices import Device

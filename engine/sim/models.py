@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from engine.catalog import LLAMAS, MODEL_NAMES
-from engine.model.llama import LlamaConfig
+from engine.model.llama_config import LlamaConfig
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
 
 @cache
 def smollm2() -> ModelSpec:
-    from engine.model.loader import gguf_config
+    from engine.model.llama_config import gguf_config
     from engine.model.paths import default_gguf_path
 
     return ModelSpec("smollm2-135m", gguf_config(default_gguf_path()))

@@ -13,8 +13,6 @@ while the others work, the bubble the lesson shows.
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.scheduler import SchedulerOutput
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.sim.cost_model import StepCost
@@ -56,6 +54,7 @@ class PipelinedSimReplica(SimReplica):
         share = -(-len(self.engine.scheduler.running) // self.max_batches)
         outputs, batch = self.engine.begin_step(max_continuing=max(1, share))
         self._report(outputs)
+        self.running_max = max(self.running_max, len(self.engine.scheduler.running))
         if not batch.seqs:  # nothing to start: a landing batch or a new request wakes it
             if not self._in_flight:
                 self.stats = self._snapshot()
@@ -108,9 +107,9 @@ class PipelinedSimReplica(SimReplica):
         self._publish(len(kept.seqs))
         self._begin_soon()
 
-    def _extra_stats(self) -> dict[str, Any]:
+    def _idle_share_now(self) -> list[float]:
         now = self.loop.clock.now()
-        return {"pp_stage_idle_share": [clock.idle_share(now) for clock in self.stage_clocks]}
+        return [clock.idle_share(now) for clock in self.stage_clocks]
 
     def stage_idle_share(self, elapsed_s: float) -> list[float]:
         """Each stage's idle share of elapsed_s (the bubble, where the pipeline is not full)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from engine.errors import InvalidParamError
@@ -62,6 +63,7 @@ class SimReplica:
         self.state = ReplicaState.READY
         self.error: str | None = None
         self.kv_usage_max = 0.0
+        self.running_max = 0  # the most sequences running at once (a planner: were the slots ever full?)
         self.on_message = on_message
         self.tokens_out = 0  # tokens sampled, for a timeline's tokens/s
         self.created_at = loop.clock.now()
@@ -100,8 +102,9 @@ class SimReplica:
         """What a live replica reports with each step, read at the end of this one's."""
         e = self.engine
         return ReplicaStats(
-            len(e.scheduler.running), len(e.scheduler.waiting), e.kv.num_used_blocks, e.kv.num_blocks,
-            e.config.max_num_seqs, e.scheduler.num_preemptions,
+            running=len(e.scheduler.running), waiting=len(e.scheduler.waiting), kv_used_blocks=e.kv.num_used_blocks,
+            kv_total_blocks=e.kv.num_blocks, max_num_seqs=e.config.max_num_seqs,
+            num_preemptions=e.scheduler.num_preemptions,
         )
 
     # commands ---------------------------------------------------------------------------------
@@ -182,6 +185,7 @@ class SimReplica:
             return
         outputs, batch = self.engine.begin_step()
         self._report(outputs)
+        self.running_max = max(self.running_max, len(self.engine.scheduler.running))
         if not batch.seqs:  # nothing can run until a request arrives or leaves
             self._busy = False
             self.stats = self._snapshot()
@@ -205,9 +209,9 @@ class SimReplica:
             self._publish(len(batch.seqs))
         self._begin()
 
-    def _extra_stats(self) -> dict[str, Any]:
-        """What a kind of replica adds to its step's stats (a pipelined one: its stages)."""
-        return {}
+    def _idle_share_now(self) -> list[float]:
+        """Each pipeline stage's idle share, for its step's stats: none without stages."""
+        return []
 
     def _publish(self, batch_size: int) -> None:
         """What a live replica's StepMessage carries: its stats and the requests it finished."""
@@ -215,16 +219,14 @@ class SimReplica:
             return
         st = self.stats
         assert st is not None
-        stats = {
-            "running": st.running, "waiting": st.waiting, "kv_used_blocks": st.kv_used_blocks,
-            "kv_total_blocks": st.kv_total_blocks, "max_num_seqs": st.max_num_seqs,
-            "num_preemptions": st.num_preemptions, "batch_size": batch_size,
-            "allreduce_ms_per_step": self.runner.last_cost.allreduce_s * 1000,
+        stats = replace(
+            st, batch_size=batch_size, allreduce_ms_per_step=self.runner.last_cost.allreduce_s * 1000,
             # The running totals the failure gallery reads (engine/serving/telemetry/metrics.py COUNTERS).
-            "prefix_cache_queries": self.engine.kv.prefix_queries, "prefix_cache_hits": self.engine.kv.prefix_hits,
-            "num_expired": self.engine.scheduler.num_expired,
-            "expired_prefill_tokens": self.engine.scheduler.expired_prefill_tokens,
-        } | self._extra_stats()
+            prefix_cache_queries=self.engine.kv.prefix_queries, prefix_cache_hits=self.engine.kv.prefix_hits,
+            num_expired=self.engine.scheduler.num_expired,
+            expired_prefill_tokens=self.engine.scheduler.expired_prefill_tokens,
+            pp_stage_idle_share=self._idle_share_now(),
+        )
         deltas, self._deltas = self._deltas, []
         errors, self._errors = self._errors, []
         steps = self.engine.step_records.take() if self.engine.step_records is not None else []

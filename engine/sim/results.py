@@ -85,6 +85,7 @@ def replica_figures(
     extra = {"stage_idle_share": [sum(column) / len(column) for column in zip(*stages)]} if stages else {}
     return extra | {
         "kv_usage_max": max(r.kv_usage_max for r in replicas),
+        "running_max": max(r.running_max for r in replicas),
         "preemptions": sum(r.engine.scheduler.num_preemptions for r in replicas),
         "wall_s": wall_s,
         "sim_s_per_wall_s": ran_s / wall_s,

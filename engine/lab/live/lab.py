@@ -28,8 +28,8 @@ from typing import Any
 
 from engine.config import IN_PLACE_FIELDS, EngineConfig
 from engine.errors import ServingError
-from engine.lab.envelope import MB, bottlenecks, envelope
-from engine.lab.facade import Executor, LabStatus, LeverChange, announce
+from engine.lab.envelope import MB, Facts, bottlenecks, envelope
+from engine.lab.facade import BackgroundWork, Executor, LabState, LabStatus, LeverChange, RankHangAnswer, announce
 from engine.lab.flood import FloodLimits, FloodState, flood, flood_state
 from engine.lab.live.lab_clients import simulated_client_fields
 from engine.lab.live.rank_hang import RankHang
@@ -239,7 +239,7 @@ class LiveLab:
             return flood(sim.traffic, action, ramp_to, ramp_s, SIM_FLOOD, self.events, "simulated ")
         return flood(self.traffic, action, ramp_to, ramp_s, LIVE_FLOOD, self.events)
 
-    def hang_rank(self, action: str) -> dict[str, Any]:
+    def hang_rank(self, action: str) -> RankHangAnswer:
         """The collective_timeout row: "stop" SIGSTOPs rank 1 of a ready tensor-parallel replica,
         "resume" SIGCONTs it (engine/lab/live/rank_hang.py). Simulated, there is no process to stop."""
         with self._lock:
@@ -254,49 +254,37 @@ class LiveLab:
 
     # what the pages and the live stream show ----------------------------------------------------
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> Facts:
         """What the first reporting replica measured about itself (weights, KV, bandwidth)."""
         for replica in list(self.fleet.replicas):
-            if replica.stats is not None and replica.stats.facts.get("param_bytes"):
-                return replica.stats.facts
-        return {}
+            if replica.stats is not None and replica.stats.param_bytes:
+                return Facts.of_replica(replica.stats)
+        return Facts()
 
-    def live_state(self) -> dict[str, Any]:
+    def live_state(self) -> LabState:
         config = self.fleet.engine_config
         sim = self.sim
         plan = self.fleet.engine_plan
-        state = {
-            "model": self.fleet.model_name,
-            "device": config.device,
-            "dtype": plan.dtype if plan is not None else config.dtype,
-            # what the engine runs on this machine and why; why it cannot, when it cannot
-            "engine": plan.to_json() if plan is not None else None,
-            "problem": self.fleet.unservable,
-            "devices": self.devices,
-            "status": self.status,
-            "levers": dict(self.current_levers),
-            "envelope": envelope(self.levers, self.facts()),
-            "traffic": self.traffic_state().to_json(),
-            "executor": self.executor,
-            "run": self.run,
-            "badge": None,
-            "sim": None,
-        }
-        if sim is not None:
+        if sim is None:
+            model, device = self.fleet.model_name, config.device
+            dtype = plan.dtype if plan is not None else config.dtype
+            status, panel, state = self.status, envelope(self.levers, self.facts()), None
+        else:
             levers = self.sim_levers
-            state |= {
-                "model": model_label(str(levers["model"])),
-                "device": f"{str(levers['device']).upper()} x {levers['gpu_count']}",
-                "dtype": f"{levers['weight_dtype']} (KV {levers['kv_dtype']})",
-                "status": LabStatus.SIMULATING,
-                "envelope": envelope(levers, sim.facts()),
-                "badge": sim.state()["badge"],
-                "sim": sim.state(),
-            }
+            model = model_label(str(levers["model"]))
+            device = f"{str(levers['device']).upper()} x {levers['gpu_count']}"
+            dtype = f"{levers['weight_dtype']} (KV {levers['kv_dtype']})"
+            status, panel, state = LabStatus.SIMULATING, envelope(levers, sim.facts()), sim.state()
         # What runs behind the page, read off the process: simulation pacers alive, live flood on.
         pacers = sum(t.name == "sim-pacer" for t in threading.enumerate())
-        state["running"] = {"sim_pacers": pacers, "live_traffic": self.traffic.running}
-        return state
+        return LabState(
+            model=model, device=device, dtype=dtype, devices=self.devices, status=status,
+            levers=dict(self.current_levers), envelope=panel, traffic=self.traffic_state(), executor=self.executor,
+            run=self.run, badge=state.badge if state is not None else None, sim=state,
+            running=BackgroundWork(pacers, self.traffic.running),
+            # what the engine runs on this machine and why; why it cannot, when it cannot
+            engine=plan, problem=self.fleet.unservable,
+        )
 
     def snapshot(self, reading: FleetSnapshot) -> dict[str, Any]:
         """A fleet's snapshot plus the lab's view of it (status, levers, traffic: `lab`), as the
@@ -304,35 +292,34 @@ class LiveLab:
         the lab's clients' (`client_*`): the same figures measured at the receiving end of the
         stream. Simulated: times are simulated seconds, and the snapshot says so (`executor`,
         `badge`, `sim_time_s`)."""
-        snap = reading.to_json()
         sim = self.sim
         levers = self.current_levers
         if sim is None:
             facts = self.facts()
             extra = self.traffic.clients.view().fields() | {"autoscaler": self.autoscaler.status()}
             extra |= self.traffic.fields()
-            readings = bottlenecks(levers, facts, snap)
+            readings = bottlenecks(levers, facts, reading)
             memory = int(self.fleet.engine_config.memory_cap_mb * MB)
-            total = int(facts.get("param_bytes", 0)) * int(levers["tensor_parallel"])
+            total = facts.param_bytes * int(levers["tensor_parallel"])
             fits = 1 if total <= memory * int(levers["tensor_parallel"]) else None
             device = "GPU" if self.fleet.engine_config.device.startswith("cuda") else "CPU core"
         else:
             facts = sim.facts()
-            extra = {"autoscaler": None if sim.autoscaler is None else sim.autoscaler.status(), "sim_time_s": snap["time"]}
+            extra = {"autoscaler": None if sim.autoscaler is None else sim.autoscaler.status(), "sim_time_s": reading.time}
             extra |= simulated_client_fields(flood_state(sim.traffic))
-            readings = bottlenecks(levers, facts, snap)
-            memory, total, fits = int(facts["device_memory_gb"] * 1e9), facts["weight_bytes_total"], sim.min_tp
+            readings = bottlenecks(levers, facts, reading)
+            memory, total, fits = int(facts.device_memory_gb * 1e9), facts.weight_bytes_total, sim.min_tp
             device = str(levers["device"]).upper()
-        shape = shape_for(levers, facts, snap, readings, device, memory, total, fits, simulated=sim is not None)
+        shape = shape_for(levers, facts, reading, readings, device, memory, total, fits, simulated=sim is not None)
         lab = self.live_state()
-        return snap | extra | {
-            "bottlenecks": readings,
+        return reading.to_json() | extra | {
+            "bottlenecks": [r.to_json() for r in readings],
             "ttft_target_ms": levers["ttft_target_ms"],
-            "executor": lab["executor"],
-            "badge": lab["badge"],
-            "run": lab["run"],
+            "executor": lab.executor,
+            "badge": lab.badge,
+            "run": lab.run,
             "shape": shape.view(),
-            "lab": lab,
+            "lab": lab.to_json(),
         }
 
     def connect(self, server_url: str) -> None:

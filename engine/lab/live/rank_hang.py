@@ -18,8 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.collectives import COLLECTIVE_TIMEOUT_S, STEP_TIMEOUT_S
 from engine.errors import InvalidParamError, ServingError
+from engine.lab.facade import RankHangAnswer
+from engine.ranks import COLLECTIVE_TIMEOUT_S, STEP_TIMEOUT_S
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.serving.telemetry.events import EventLog
 
@@ -61,16 +62,16 @@ class RankHang:
         self.stopped: StoppedRank | None = None
         self._lock = threading.Lock()
 
-    def act(self, action: object, traffic_on: bool = True) -> dict[str, Any]:
-        """The action, "stop" or "resume": {"message", "stopped", ...} for the page, or
-        ServingError / InvalidParamError naming the field to change."""
+    def act(self, action: object, traffic_on: bool = True) -> RankHangAnswer:
+        """The action, "stop" or "resume": what it did, for the page, or ServingError /
+        InvalidParamError naming the field to change."""
         if action == "stop":
             return self.stop(traffic_on)
         if action == "resume":
             return self.resume()
         raise InvalidParamError("action", f"must be {' or '.join(ACTIONS)}")
 
-    def stop(self, traffic_on: bool = True) -> dict[str, Any]:
+    def stop(self, traffic_on: bool = True) -> RankHangAnswer:
         with self._lock:
             held = self.stopped
             if held is not None and is_rank(held.pid, held.parent):
@@ -93,9 +94,9 @@ class RankHang:
         hint = "" if traffic_on else " Traffic is off: start it, since only a running request shows the hang."
         message = f"{held.name} stopped (SIGSTOP). {watch}.{hint}"
         self.events.emit("replica", message, replica=held.replica_id)
-        return {"message": message, "stopped": True, "replica": held.replica_id, "pid": held.pid, "guarded": guarded}
+        return RankHangAnswer(message, stopped=True, replica=held.replica_id, pid=held.pid, guarded=guarded)
 
-    def resume(self) -> dict[str, Any]:
+    def resume(self) -> RankHangAnswer:
         with self._lock:
             held, self.stopped = self.stopped, None
             if held is None:
@@ -109,7 +110,7 @@ class RankHang:
                 "failed and replaced; nothing to resume"
             )
         self.events.emit("replica", message, replica=held.replica_id)
-        return {"message": message, "stopped": False, "replica": held.replica_id, "pid": held.pid, "resumed": resumed}
+        return RankHangAnswer(message, stopped=False, replica=held.replica_id, pid=held.pid, resumed=resumed)
 
     def release(self, why: str) -> None:
         """Before the lab rebuilds, switches executor or stops: a rank still stopped is resumed."""
@@ -127,7 +128,7 @@ class RankHang:
             if ranks < 2:
                 continue
             grouped = True
-            pids = list(replica.stats.facts.get("rank_pids", [])) if replica.stats is not None else []
+            pids = list(replica.stats.rank_pids) if replica.stats is not None else []
             if replica.state == ReplicaState.READY and len(pids) > RANK and is_rank(pids[RANK], pids[0]):
                 return replica, pids
         if grouped:

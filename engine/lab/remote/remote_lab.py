@@ -28,14 +28,23 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.errors import InvalidParamError, ServingError
-from engine.lab.facade import Executor, LabStatus, LeverChange, announce
+from engine.lab.facade import (
+    BackgroundWork,
+    Executor,
+    LabState,
+    LabStatus,
+    LeverChange,
+    RankHangAnswer,
+    RemoteView,
+    announce,
+)
 from engine.lab.flood import FloodState, flood, flood_state
 from engine.lab.live_limits import FLOOD_MAX_RATE, LIVE_FLOOD
 from engine.lab.proxy import IDLE_TIMEOUT_CODE, ProxySettings
 from engine.lab.remote.remote_backend import RemoteConfig, RemoteInfo, error_message, fetch, probe
 from engine.lab.remote.remote_errors import EVENT_KIND, RemoteErrors
 from engine.lab.remote.remote_levers import REMOTE_LEVERS, belongs_to_remote, readonly_levers
-from engine.lab.remote.remote_metrics import RemoteReading, RemoteWindow, empty_snapshot, read_exposition
+from engine.lab.remote.remote_metrics import RemoteReading, RemoteSnapshot, RemoteWindow, read_exposition
 from engine.lab.remote.remote_poller import PROBE_EVERY_S, RemotePoller
 from engine.lab.remote.user_streams import UserStreams
 from engine.lab.traffic import TrafficDriver
@@ -66,7 +75,7 @@ class RemoteLab:
         self.levers = {key: lever.default for key, lever in LEVERS.items()}
         self.set_levers(levers or {}, "the command line", quiet=True)
         self.problems: dict[str, str | None] = {"api": None, "metrics": None}
-        self._subscribers: list[Callable[[dict[str, Any]], None]] = []
+        self._subscribers: list[Callable[[RemoteSnapshot], None]] = []
         self.next_probe = 0.0
         self._orphans: deque[tuple[float, int]] = deque()  # (time, the proxy's orphan_chunks)
         self._lock = threading.RLock()
@@ -101,7 +110,7 @@ class RemoteLab:
         model = self.info.model or "model unknown"
         return f"remote: {self.flavour} at {self.config.base_url}, " + (f"model {model}" if self.info.model else model)
 
-    def subscribe(self, callback: Callable[[dict[str, Any]], None]) -> None:
+    def subscribe(self, callback: Callable[[RemoteSnapshot], None]) -> None:
         self._subscribers.append(callback)
 
     def start(self) -> RemoteLab:
@@ -166,7 +175,7 @@ class RemoteLab:
     def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> FloodState:
         return flood(self.traffic, action, ramp_to, ramp_s, LIVE_FLOOD, self.events, "remote ")
 
-    def hang_rank(self, action: str) -> dict[str, Any]:
+    def hang_rank(self, action: str) -> RankHangAnswer:
         """The failure gallery's "Stop a rank": the remote's processes are not the lab's to signal."""
         if action not in ("stop", "resume"):
             raise InvalidParamError("action", "must be stop or resume")
@@ -277,18 +286,18 @@ class RemoteLab:
             return LabStatus.NOT_OPENAI if api.startswith("not OpenAI") else LabStatus.REFUSED
         return LabStatus.SERVING if metrics is None else LabStatus.SERVING_WITHOUT_METRICS
 
-    def compose(self) -> dict[str, Any]:
-        """The snapshot the stream sends: the remote's metrics over the window (None where it
-        has none), what the lab's clients measured, and the lab's own counters."""
+    def compose(self) -> RemoteSnapshot:
+        """The reading the lab publishes: the remote's metrics over the window (None where it has
+        none) and the lab's own wasted-token rate; snapshot() adds what the lab's clients measured."""
         with self._lock:
-            snap = self.window.snapshot() if self.problems["metrics"] is None else empty_snapshot()
+            snap = self.window.snapshot() if self.problems["metrics"] is None else RemoteSnapshot()
             if self.problems["metrics"] is not None:
-                snap["missing"] = sorted(k for k, v in snap.items() if v is None)
+                snap.missing = snap.unfilled()
             if not self.info.reachable:
-                snap["replicas"] = {"failed": 1}
-        snap["time"] = self.clock.now()
-        snap["wasted_tokens_per_s"] = self._orphan_rate(snap["time"])
-        return snap | self.traffic.clients.view().fields() | self.traffic.fields()
+                snap.replicas = {"failed": 1}
+        snap.time = self.clock.now()
+        snap.wasted_tokens_per_s = self._orphan_rate(snap.time)
+        return snap
 
     def _orphan_rate(self, now: float) -> float:
         """Chunks the remote streamed for clients already gone (cancel_on_disconnect off: the
@@ -311,41 +320,44 @@ class RemoteLab:
 
     # what the pages and the stream show -----------------------------------------------------------
 
-    def live_state(self) -> dict[str, Any]:
+    def live_state(self) -> LabState:
         reading = self.reading
-        return {
-            "model": self.info.model or "unknown model",
-            "device": f"remote: {self.flavour} at {self.config.base_url}",
-            "dtype": (reading.info.get("cache_dtype") if reading else None) or "remote",
-            "backend": self.label(),
-            "devices": (sum(reading.replicas.values()) if reading.replicas else reading.engines) if reading else 0,
-            "status": self.status,
-            "levers": dict(self.levers),
-            "envelope": None,
-            "traffic": self.traffic_state().to_json(),
-            "executor": Executor.REMOTE,
-            "run": 0,
-            "badge": None,
-            "sim": None,
-            "remote": {
-                "base_url": self.config.base_url,
-                "metrics_url": self.config.metrics_url,
-                "flavour": self.flavour,
-                "model": self.info.model,
-                "max_model_len": self.info.max_model_len,
-                "server": self.info.server,
-                "reachable": self.info.reachable,
-                "problems": [p for p in self.problems.values() if p],
-                "lab_levers": list(REMOTE_LEVERS),
-                "readonly": self.readonly(),
-                "errors": dict(self.errors.counts),
-            },
-            "running": {"sim_pacers": 0, "live_traffic": self.traffic.running},
-        }
+        return LabState(
+            model=self.info.model or "unknown model",
+            device=f"remote: {self.flavour} at {self.config.base_url}",
+            dtype=(reading.info.get("cache_dtype") if reading else None) or "remote",
+            backend=self.label(),
+            devices=(sum(reading.replicas.values()) if reading.replicas else reading.engines) if reading else 0,
+            status=self.status,
+            levers=dict(self.levers),
+            envelope=None,
+            traffic=self.traffic_state(),
+            executor=Executor.REMOTE,
+            run=0,
+            badge=None,
+            sim=None,
+            remote=RemoteView(
+                base_url=self.config.base_url,
+                metrics_url=self.config.metrics_url,
+                flavour=self.flavour,
+                model=self.info.model,
+                max_model_len=self.info.max_model_len,
+                server=self.info.server,
+                reachable=self.info.reachable,
+                problems=[p for p in self.problems.values() if p],
+                lab_levers=list(REMOTE_LEVERS),
+                readonly=self.readonly(),
+                errors=dict(self.errors.counts),
+            ),
+            running=BackgroundWork(sim_pacers=0, live_traffic=self.traffic.running),
+        )
 
-    def snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
+    def snapshot(self, reading: RemoteSnapshot) -> dict[str, Any]:
+        """The stream's `metrics` payload: the reading, what the lab's clients measured at their
+        end (client_*) and the lab's traffic counters, and the lab's view (`lab`)."""
         lab = self.live_state()
-        return snap | {
+        extra = self.traffic.clients.view().fields() | self.traffic.fields()
+        return reading.to_json() | extra | {
             "bottlenecks": [],
             "ttft_target_ms": self.levers["ttft_target_ms"],
             "executor": Executor.REMOTE,
@@ -353,7 +365,7 @@ class RemoteLab:
             "run": 0,
             "shape": None,
             "autoscaler": None,
-            "lab": lab,
+            "lab": lab.to_json(),
         }
 
     def cancel_user(self, user: str) -> int:

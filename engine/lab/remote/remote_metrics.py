@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from engine.serving.telemetry.metrics import WINDOW_S
@@ -174,6 +174,61 @@ def _number(text: str | None) -> float | None:
         return None
 
 
+@dataclass
+class RemoteSnapshot:
+    """A remote server's metrics over the window, in the live snapshot's names: the remote lab's
+    reading (FleetSnapshot's sibling; engine/lab/facade.py Reading). None where the remote does not
+    expose a quantity or the window saw nothing; `missing` names the keys its metrics cannot fill
+    at all, so the page can say so. Unlike a fleet of ours it has e2el_*, prompt_tokens_per_s and
+    `missing`, and no stage_idle. to_json() is the stream's `metrics` payload at its core; the
+    fields' order is the payload's."""
+
+    queue_depth: int | None = None
+    running: int | None = None
+    waiting: int | None = None
+    kv_used_blocks: int | None = None
+    kv_total_blocks: int | None = None
+    ttft_p50: float | None = None
+    ttft_p99: float | None = None
+    ttft_p999: float | None = None
+    ttft_max: float | None = None
+    itl_p50: float | None = None
+    itl_p99: float | None = None
+    e2el_p50: float | None = None
+    e2el_p99: float | None = None
+    queue_time_p50: float | None = None
+    queue_time_p99: float | None = None
+    tokens_per_s: float | None = None
+    prompt_tokens_per_s: float | None = None
+    preempted: int | None = None
+    batch_size: int | None = None
+    allreduce_ms: float | None = None
+    max_num_seqs: int | None = None
+    prefix_hit_rate: float | None = None
+    wasted_tokens_per_s: float | None = None  # the lab's own (its proxy's orphaned chunks), set by the lab
+    expired_prefill_tokens: int | None = None
+    streams_cut_mid_stream: int | None = None
+    scale_changes_total: int | None = None
+    replicas_ordered_total: int | None = None
+    rejected: dict[str, int] = field(default_factory=dict)
+    replicas: dict[str, int] = field(default_factory=dict)
+    replica_queue_depths: list[int] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    time: float = 0.0  # the lab's clock when it composed the reading
+
+    def unfilled(self) -> list[str]:
+        """The keys with no value: what a page is missing while the remote's metrics are down."""
+        return sorted(f.name for f in fields(self) if getattr(self, f.name) is None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: _copied(getattr(self, f.name)) for f in fields(self)}
+
+
+def _copied(value: Any) -> Any:
+    """dicts and lists copied: a consumer may add to its payload."""
+    return dict(value) if isinstance(value, dict) else list(value) if isinstance(value, list) else value
+
+
 class RemoteWindow:
     """The readings of the last `window_s` seconds; snapshot() reads them as the live bus does."""
 
@@ -196,11 +251,11 @@ class RemoteWindow:
     def clear(self) -> None:
         self.readings.clear()
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> RemoteSnapshot:
         """The snapshot keys the remote's metrics can fill (None where it does not expose them or
         the window saw nothing), and `missing`: the keys its metrics cannot fill at all."""
         if not self.readings:
-            return empty_snapshot()
+            return RemoteSnapshot()  # every key None
         new = self.readings[-1]
         base = self.readings[0] if len(self.readings) > 1 else None
         span = new.time - base.time if base is not None else 0.0
@@ -213,36 +268,36 @@ class RemoteWindow:
             used, total = round(usage * 100), 100
         else:
             used = total = None
-        snap = empty_snapshot() | {
-            "queue_depth": _int(g.get("waiting")),
-            "running": _int(g.get("running")),
-            "batch_size": _int(g.get("running")),  # a remote's batch is what it runs
-            "kv_used_blocks": used,
-            "kv_total_blocks": total,
-            "preempted": _int(c.get("preemptions")),
-            "rejected": {k: int(v) for k, v in new.rejected.items()},
-            "tokens_per_s": self._rate(base, new, span, "generation_tokens"),
-            "prompt_tokens_per_s": self._rate(base, new, span, "prompt_tokens"),
-            "replicas": new.replicas if new.replicas is not None else {"ready": max(1, new.engines)},
-        }
-        if snap["tokens_per_s"] is None and "gen_throughput" in g:
-            snap["tokens_per_s"] = g["gen_throughput"]
+        snap = RemoteSnapshot(
+            queue_depth=_int(g.get("waiting")),
+            running=_int(g.get("running")),
+            batch_size=_int(g.get("running")),  # a remote's batch is what it runs
+            kv_used_blocks=used,
+            kv_total_blocks=total,
+            preempted=_int(c.get("preemptions")),
+            rejected={k: int(v) for k, v in new.rejected.items()},
+            tokens_per_s=self._rate(base, new, span, "generation_tokens"),
+            prompt_tokens_per_s=self._rate(base, new, span, "prompt_tokens"),
+            replicas=new.replicas if new.replicas is not None else {"ready": max(1, new.engines)},
+        )
+        if snap.tokens_per_s is None and "gen_throughput" in g:
+            snap.tokens_per_s = g["gen_throughput"]
         for quantity, key in (("ttft", "ttft"), ("itl", "itl"), ("e2e", "e2el"), ("queue_time", "queue_time")):
             delta = _delta(base, new, quantity)
-            snap[f"{key}_p50"] = None if delta is None else histogram_quantile(0.5, delta)
-            snap[f"{key}_p99"] = None if delta is None else histogram_quantile(0.99, delta)
+            setattr(snap, f"{key}_p50", None if delta is None else histogram_quantile(0.5, delta))
+            setattr(snap, f"{key}_p99", None if delta is None else histogram_quantile(0.99, delta))
         ttft = _delta(base, new, "ttft")
-        snap["ttft_p999"] = None if ttft is None else histogram_quantile(0.999, ttft)
+        snap.ttft_p999 = None if ttft is None else histogram_quantile(0.999, ttft)
         queries = self._delta_counter(base, new, "prefix_queries")
         hits = self._delta_counter(base, new, "prefix_hits")
         if queries is not None and hits is not None:
-            snap["prefix_hit_rate"] = hits / queries if queries > 0 else 0.0
+            snap.prefix_hit_rate = hits / queries if queries > 0 else 0.0
         elif "prefix_hit_rate" in g:
-            snap["prefix_hit_rate"] = g["prefix_hit_rate"]
+            snap.prefix_hit_rate = g["prefix_hit_rate"]
         for key in SERVELAB_COUNTERS:
-            snap[key] = _int(new.servelab.get(key))
+            setattr(snap, key, _int(new.servelab.get(key)))
         exposed = new.quantities()
-        snap["missing"] = sorted(
+        snap.missing = sorted(
             key
             for key, quantity in NEEDS.items()
             if quantity not in exposed
@@ -250,10 +305,10 @@ class RemoteWindow:
             and not (key == "prefix_hit_rate" and "prefix_hit_rate" in exposed)
         )
         if usage is not None and not blocks:
-            snap["missing"].append("kv_total_blocks")
+            snap.missing.append("kv_total_blocks")
         # No remote's metrics say these: its queue is one number, its steps are its own.
-        snap["missing"] += ["allreduce_ms", "max_num_seqs", "waiting", "stage_idle"]
-        snap["missing"] += [key for key in SERVELAB_COUNTERS if key not in new.servelab]
+        snap.missing += ["allreduce_ms", "max_num_seqs", "waiting", "stage_idle"]
+        snap.missing += [key for key in SERVELAB_COUNTERS if key not in new.servelab]
         return snap
 
     @staticmethod
@@ -289,34 +344,3 @@ def _restarted(old: RemoteReading, new: RemoteReading) -> bool:
 def _int(value: float | None) -> int | None:
     return None if value is None else round(value)
 
-
-def empty_snapshot() -> dict[str, Any]:
-    """Every key the remote snapshot carries, None: what a page gets while the remote is down."""
-    keys = (
-        "queue_depth",
-        "running",
-        "waiting",
-        "kv_used_blocks",
-        "kv_total_blocks",
-        "ttft_p50",
-        "ttft_p99",
-        "ttft_p999",
-        "ttft_max",
-        "itl_p50",
-        "itl_p99",
-        "e2el_p50",
-        "e2el_p99",
-        "queue_time_p50",
-        "queue_time_p99",
-        "tokens_per_s",
-        "prompt_tokens_per_s",
-        "preempted",
-        "batch_size",
-        "allreduce_ms",
-        "max_num_seqs",
-        "prefix_hit_rate",
-        "wasted_tokens_per_s",
-        "expired_prefill_tokens",
-        *SERVELAB_COUNTERS,
-    )
-    return dict.fromkeys(keys) | {"rejected": {}, "replicas": {}, "replica_queue_depths": [], "missing": []}

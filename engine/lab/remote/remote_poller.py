@@ -10,7 +10,7 @@ from typing import Protocol
 
 from engine.clock import Clock
 from engine.serving.driver import WallClockDriver
-from engine.serving.scaling.fleet import (
+from engine.serving.telemetry.snapshot import (
     SNAPSHOT_HZ,  # the live fleet's rate: the stream's contract is at least 5 a second
 )
 

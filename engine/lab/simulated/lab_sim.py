@@ -27,6 +27,8 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
+from engine.lab.envelope import Facts
+from engine.lab.facade import SimState
 from engine.lab.replica_bounds import replica_bounds
 from engine.lab.shape import min_tensor_parallel
 from engine.lab.simulated.lab_check import badge, check_sim, fits
@@ -292,36 +294,36 @@ class SimLab:
 
     # what the page shows ------------------------------------------------------------------------
 
-    def facts(self) -> dict[str, Any]:
+    def facts(self) -> Facts:
         """What a live replica reports about itself, from the deployment (per GPU of a TP group)."""
         dep = self.dep
         replicas = [r for r in self.fleet.replicas if r.stats is not None]
         blocks = replicas[0].stats.kv_total_blocks if replicas else 0
         per_gpu = dep.weight_bytes // dep.tp
-        return {
-            "param_bytes": per_gpu,
-            "weight_bytes": per_gpu,
-            "tp_rank_weight_bytes": [per_gpu] * dep.tp,
-            "weight_bytes_total": dep.weight_bytes,
-            "kv_bytes_per_token": dep.kv_bytes_per_token,
-            "kv_budget_bytes": int(blocks * int(self.levers["block_size"]) * dep.kv_bytes_per_token),
-            "copy_gbs": dep.device.bandwidth / 1e9,
-            "device_memory_bytes": dep.device.memory_bytes,
-            "device_memory_gb": dep.device.memory_gb,
-            "tensor_parallel": dep.tp,
-            "allreduces_per_step": C.ALLREDUCES_PER_LAYER * dep.model.cfg.num_layers if dep.tp > 1 else 0,
-        }
+        return Facts(
+            param_bytes=per_gpu,
+            weight_bytes=per_gpu,
+            tp_rank_weight_bytes=[per_gpu] * dep.tp,
+            weight_bytes_total=dep.weight_bytes,
+            kv_bytes_per_token=dep.kv_bytes_per_token,
+            kv_budget_bytes=int(blocks * int(self.levers["block_size"]) * dep.kv_bytes_per_token),
+            copy_gbs=dep.device.bandwidth / 1e9,
+            device_memory_bytes=dep.device.memory_bytes,
+            device_memory_gb=dep.device.memory_gb,
+            tensor_parallel=dep.tp,
+            allreduces_per_step=C.ALLREDUCES_PER_LAYER * dep.model.cfg.num_layers if dep.tp > 1 else 0,
+        )
 
-    def state(self) -> dict[str, Any]:
-        return {
-            "badge": badge(self.levers),
-            "sim_time_s": round(self.clock.now(), 2),
-            "speed": int(self.levers["sim_speed"]),
-            "achieved_speed": round(self.achieved_speed, 1),
-            "running": self.running,
-            "finished": self.finished,
-            "load_s": round(self.load_s, 1),
-        }
+    def state(self) -> SimState:
+        return SimState(
+            badge=badge(self.levers),
+            sim_time_s=round(self.clock.now(), 2),
+            speed=int(self.levers["sim_speed"]),
+            achieved_speed=round(self.achieved_speed, 1),
+            running=self.running,
+            finished=self.finished,
+            load_s=round(self.load_s, 1),
+        )
 
 
 

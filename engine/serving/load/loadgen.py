@@ -19,13 +19,12 @@ import random
 import socket
 import sys
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from engine.clock import WALL_CLOCK
+from engine.clock import WALL_CLOCK, SleepingClock
 from engine.sampling_params import SamplingParams
 from engine.serving.load.loadgen_metrics import RequestRecord, format_table, summarize
 from engine.serving.replicas.messages import RequestError
@@ -253,28 +252,34 @@ def _send_one(target: Target, request: LoadRequest, record: RequestRecord, stop:
 
 
 def run_load(
-    target: Target, requests: list[LoadRequest], arrivals: list[float], max_duration_s: float = 300.0
+    target: Target,
+    requests: list[LoadRequest],
+    arrivals: list[float],
+    max_duration_s: float = 300.0,
+    clock: SleepingClock = WALL_CLOCK,
 ) -> list[RequestRecord]:
     """Fire each request at its offset on its own thread; return when all end or when
-    max_duration_s has passed, recording any request still running (or never sent) as failed."""
+    max_duration_s has passed, recording any request still running (or never sent) as failed.
+    The offsets are waited out on `clock` (a virtual one passes them at once); the last wait, a
+    join on the request threads, is what is left of max_duration_s in wall seconds whatever the clock."""
     if len(arrivals) != len(requests):
         raise ValueError("one arrival time per request")
     records = [RequestRecord(i, r.request_id, len(r.prompt_token_ids), r.max_tokens) for i, r in enumerate(requests)]
     stop = threading.Event()
-    start = now()
+    start = clock.now()
     deadline = start + max_duration_s
     threads = []
     for request, record, offset in zip(requests, records, arrivals):
-        wait = min(start + offset, deadline) - now()
+        wait = min(start + offset, deadline) - clock.now()
         if wait > 0:
-            time.sleep(wait)
-        if now() >= deadline:
+            clock.sleep(wait)
+        if clock.now() >= deadline:
             break
         thread = threading.Thread(target=_send_one, args=(target, request, record, stop), daemon=True)
         thread.start()
         threads.append(thread)
     for thread in threads:
-        thread.join(max(0.0, deadline - now()))
+        thread.join(max(0.0, deadline - clock.now()))
     stop.set()  # unfinished targets give up (abort, hang up)
     for record in records:
         record.fail("not finished within max_duration_s")  # no-op on records that ended

@@ -1,12 +1,14 @@
 """What crosses the pipe between the front process and a replica: small picklable records.
 
 Replica -> front: one StepMessage per engine step carries every new token of every request
-on the replica, plus the stats the router needs (free slots and blocks) and a heartbeat time.
+on the replica, plus its typed stats (ReplicaStats: what the router needs, free slots and
+blocks, and the facts the lab shows) and a heartbeat time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from engine.machine import EnginePlan
@@ -110,13 +112,75 @@ class ReplicaFailure:
         return cls(str(exc) or type(exc).__name__, permanent=not transient)
 
 
+@dataclass(frozen=True)
+class ReplicaStats:
+    """A replica's latest step, typed: what its StepMessage carries over the pipe (a dataclass
+    pickles as it is), and what the router, autoscaler, metrics bus and lab read by attribute. A
+    live replica fills it from its engine's stats() in its own process (of_engine); a simulated
+    one fills the counts it keeps, and the rest stay 0 or empty (no weights, no ranks)."""
+
+    # What the router and autoscaler decide on.
+    running: int = 0
+    waiting: int = 0
+    kv_used_blocks: int = 0
+    kv_total_blocks: int = 0
+    max_num_seqs: int = 0
+    batch_size: int = 0  # sequences in the latest step
+    # Running totals (the metrics bus's COUNTERS keep a retired replica's).
+    num_preemptions: int = 0
+    num_expired: int = 0  # dropped at their deadline inside the replica
+    expired_prefill_tokens: int = 0  # prompt tokens prefilled for requests already past it
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_steps: int = 0
+    kv_tokens_used: int = 0
+    kv_tokens_reserved: int = 0
+    # Static facts for the lab's back-of-envelope panel (live only): what weights and KV cost.
+    weight_bytes: int = 0
+    param_bytes: int = 0
+    kv_budget_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    copy_gbs: float = 0.0  # the replica's measured memory copy bandwidth
+    pid: int = 0  # rank 0's process (0: simulated)
+    # Sharding (engine/ranks.py tp_stats: the same fields for one rank).
+    tensor_parallel: int = 1
+    tp_rank_weight_bytes: list[int] = field(default_factory=list)
+    tp_rank_pids: list[int] = field(default_factory=list)
+    rank_pids: list[int] = field(default_factory=list)  # every rank's, rank 0 first
+    allreduce_ms_per_step: float = 0.0
+    allreduces_per_step: int = 0
+    pipeline_parallel: int = 1
+    pp_stage_layers: list[int] = field(default_factory=list)
+    pp_stage_weight_bytes: list[int] = field(default_factory=list)
+    pp_stage_kv_block_bytes: list[int] = field(default_factory=list)
+    pp_stage_busy_ms_per_step: list[float] = field(default_factory=list)
+    pp_stage_idle_share: list[float] = field(default_factory=list)  # the bubble, each stage's
+
+    @property
+    def free_blocks(self) -> int:
+        return self.kv_total_blocks - self.kv_used_blocks
+
+    @classmethod
+    def of_engine(cls, stats: Mapping[str, Any], **process: Any) -> ReplicaStats:
+        """The engine's stats() (a plain dict, the offline API's) as the pipe's record, plus what
+        the replica process adds (max_num_seqs, pid, copy_gbs). Strict: a figure the engine
+        reports without a field here is a contract change, so it fails loudly, not silently."""
+        unknown = sorted(stats.keys() - _STAT_FIELDS)
+        if unknown:
+            raise TypeError(f"ReplicaStats has no field for the engine's {unknown}: add them to it")
+        return cls(**stats, **process)
+
+
+_STAT_FIELDS = frozenset(f.name for f in fields(ReplicaStats))
+
+
 @dataclass
 class StepMessage:
     replica_id: int
     time: float
     deltas: list[TokenDelta] = field(default_factory=list)
     errors: list[RequestError] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: ReplicaStats | None = None  # None on the messages that carry no step (starting, failed)
     state: str = "ready"  # a ReplicaState (a StrEnum: messages stay plain strings once pickled)
     steps: list[StepRecord] = field(default_factory=list)  # the engine steps since the last message
     failure: ReplicaFailure | None = None  # with state "failed"

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.clock import WALL_CLOCK
-from engine.collectives import STEP_TIMEOUT_S
 from engine.config import EngineConfig
 from engine.machine import EnginePlan, set_affinity
+from engine.ranks import STEP_TIMEOUT_S
 from engine.sequence import FinishReason
 from engine.serving.replicas.messages import (
     AbortRequest,
@@ -77,9 +77,11 @@ def replica_main(
     state = ReplicaState.READY
     bandwidth = copy_bandwidth_gbs(config.device)
 
-    def stats() -> dict[str, Any]:
-        facts = {"max_num_seqs": engine.config.max_num_seqs, "pid": os.getpid(), "copy_gbs": bandwidth}
-        return engine.stats() | facts
+    def stats() -> ReplicaStats:
+        # Typed here, in the replica's own process: the pipe carries the record, not a dict.
+        return ReplicaStats.of_engine(
+            engine.stats(), max_num_seqs=engine.config.max_num_seqs, pid=os.getpid(), copy_gbs=bandwidth
+        )
 
     outbox.put(StepMessage(replica_id, clock.now(), stats=stats(), state=state, plan=engine.plan))
     last_sent = clock.now()
@@ -350,8 +352,8 @@ class ReplicaHandle:
                 self._streaming.discard(error.request_id)
                 if events is not None:
                     events.put(error)
-            if msg.stats:
-                self.stats = ReplicaStats.from_dict(msg.stats)
+            if msg.stats is not None:
+                self.stats = msg.stats
             if msg.plan is not None:
                 self.plan = msg.plan
             if msg.failure is not None:

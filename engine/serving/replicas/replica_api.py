@@ -1,15 +1,16 @@
 """The replica contract the router and fleet drive, whichever kind: a live replica process
-(ReplicaHandle) or a simulated one (engine/sim/replica.py)."""
+(ReplicaHandle) or a simulated one (engine/sim/replica.py). Its stats are ReplicaStats, the
+typed record a replica's StepMessage carries (messages.py)."""
 
 from __future__ import annotations
 
 import enum
 import queue
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.serving.replicas.messages import AddRequest
+# ReplicaStats is the pipe's record (messages.py): the router reads what the replica sent.
+from engine.serving.replicas.messages import AddRequest, ReplicaStats
 
 
 class ReplicaState(enum.StrEnum):
@@ -34,31 +35,6 @@ class PoolState(enum.StrEnum):
     WARM = "warm"
     WARMING = "warming"
     PROVISIONING = "provisioning"
-
-
-@dataclass(frozen=True)
-class ReplicaStats:
-    """A replica's latest step, as the router and autoscaler read it; `facts` keeps the rest of
-    what the engine reports (weights, KV budget, bandwidth, tensor-parallel figures)."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_used_blocks: int = 0
-    kv_total_blocks: int = 0
-    max_num_seqs: int = 0
-    num_preemptions: int = 0
-    facts: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def free_blocks(self) -> int:
-        return self.kv_total_blocks - self.kv_used_blocks
-
-    @classmethod
-    def from_dict(cls, stats: dict[str, Any]) -> ReplicaStats:
-        return cls(
-            stats.get("running", 0), stats.get("waiting", 0), stats.get("kv_used_blocks", 0),
-            stats.get("kv_total_blocks", 0), stats.get("max_num_seqs", 0), stats.get("num_preemptions", 0), stats,
-        )
 
 
 class Replica(Protocol):

@@ -31,14 +31,13 @@ from engine.serving.scaling.fleet_config import FleetConfig
 from engine.serving.scaling.provisioning import Order, Provisioning
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.metrics import MetricsBus
-from engine.serving.telemetry.snapshot import FleetSnapshot
+from engine.serving.telemetry.snapshot import SNAPSHOT_HZ, FleetSnapshot  # SNAPSHOT_HZ: also re-exported
 from engine.serving.telemetry.traces import RequestTraces
 
 log = logging.getLogger("servelab.fleet")
 
 POOL_NAMES = {ReplicaState.READY: PoolState.WARM, ReplicaState.STARTING: PoolState.WARMING}
 FAILED_SHOWN_S = 10.0  # a failed replica stays in the set (and on the charts) this long
-SNAPSHOT_HZ = 6.0  # the live stream promises at least 5 a second
 DRAIN_POLL_S = 0.05  # how often a drain looks at what is left
 
 
@@ -328,7 +327,7 @@ class Fleet(Provisioning):
             labels = (
                 f'block_size="{config.block_size}",cache_dtype="{dtype}",'
                 f'enable_prefix_caching="{config.prefix_caching}",engine="{replica_id}",'
-                f'num_gpu_blocks="{stats.get("kv_total_blocks", 0)}"'
+                f'num_gpu_blocks="{stats.kv_total_blocks}"'
             )
             lines.append(f"vllm:cache_config_info{{{labels}}} 1")
         return lines

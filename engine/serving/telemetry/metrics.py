@@ -16,11 +16,10 @@ import bisect
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.sequence import FinishReason, RequestTimes
-from engine.serving.replicas.messages import StepMessage
+from engine.serving.replicas.messages import ReplicaStats, StepMessage
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.snapshot import FleetSnapshot
 
@@ -80,7 +79,7 @@ class MetricsBus:
         self._gone: set[str] = set()  # requests running on after their client hung up (client_gone)
         self._recent_wasted: deque[tuple[float, int]] = deque()
         self.text_sources: list[Callable[[], list[str]]] = []  # more Prometheus lines (the lab's clients)
-        self.replica_stats: dict[int, dict[str, Any]] = {}
+        self.replica_stats: dict[int, ReplicaStats] = {}  # each replica's latest
         self._recent_ttft: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
         self._recent_itl: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
         self._recent_queue: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
@@ -93,9 +92,9 @@ class MetricsBus:
     def observe(self, msg: StepMessage) -> None:
         """Called for every message a replica sends (from its handle's reader thread)."""
         with self._lock:
-            if msg.stats:
-                before = self.replica_stats.get(msg.replica_id, {}).get("num_preemptions", 0)
-                preempted = msg.stats.get("num_preemptions", 0) - before
+            if msg.stats is not None:
+                last = self.replica_stats.get(msg.replica_id)
+                preempted = msg.stats.num_preemptions - (last.num_preemptions if last is not None else 0)
                 if preempted > 0:
                     self.events.emit("preempted", f"replica {msg.replica_id} preempted {preempted} request(s)")
                 self.replica_stats[msg.replica_id] = msg.stats
@@ -159,9 +158,11 @@ class MetricsBus:
     def forget(self, replica_id: int) -> None:
         """A retired replica's last stats no longer count toward the fleet's running totals."""
         with self._lock:
-            last = self.replica_stats.pop(replica_id, {})
-            for key in COUNTERS:
-                self._retired[key] += last.get(key, 0)
+            last = self.replica_stats.pop(replica_id, None)
+            if last is None:
+                return
+            for key in COUNTERS:  # ReplicaStats fields
+                self._retired[key] += getattr(last, key)
 
     def _note_prefix_totals(self, now: float) -> None:
         stats = list(self.replica_stats.values())
@@ -178,7 +179,7 @@ class MetricsBus:
         queries = totals[-1][1] - totals[0][1]
         return (totals[-1][2] - totals[0][2]) / queries if queries > 0 else 0.0
 
-    def failure_metrics(self, now: float, ttft: list[float], stats: list[dict[str, Any]]) -> dict[str, Any]:
+    def failure_metrics(self, now: float, ttft: list[float], stats: list[ReplicaStats]) -> dict[str, float]:
         """The /failures gallery's keys of the queue, router and scheduler rows (issue 15's part B);
         numbers in every snapshot: 0 while the window has nothing."""
         return {
@@ -188,8 +189,9 @@ class MetricsBus:
             "prefix_hit_rate": self._prefix_hit_rate(now),
         }
 
-    def _counter(self, stats: list[dict[str, Any]], key: str) -> int:
-        return self._retired[key] + sum(s.get(key, 0) for s in stats)
+    def _counter(self, stats: list[ReplicaStats], key: str) -> int:
+        """One of COUNTERS (a ReplicaStats field) across the replicas, retired ones included."""
+        return self._retired[key] + sum(getattr(s, key) for s in stats)
 
     def _first_token(self, times: RequestTimes, now: float) -> None:
         h = self.histograms
@@ -233,10 +235,10 @@ class MetricsBus:
             return FleetSnapshot(
                 time=now,
                 queue_depth=queue_depth,
-                running=sum(s.get("running", 0) for s in stats),
-                waiting=sum(s.get("waiting", 0) for s in stats),
-                kv_used_blocks=sum(s.get("kv_used_blocks", 0) for s in stats),
-                kv_total_blocks=sum(s.get("kv_total_blocks", 0) for s in stats),
+                running=sum(s.running for s in stats),
+                waiting=sum(s.waiting for s in stats),
+                kv_used_blocks=sum(s.kv_used_blocks for s in stats),
+                kv_total_blocks=sum(s.kv_total_blocks for s in stats),
                 ttft_p50=window_percentile(ttft, 50),
                 ttft_p99=window_percentile(ttft, 99),
                 itl_p50=window_percentile(itl, 50),
@@ -247,11 +249,11 @@ class MetricsBus:
                 replicas=dict(replicas or {}),
                 rejected=rejected,
                 preempted=self._counter(stats, "num_preemptions"),
-                batch_size=sum(s.get("batch_size", 0) for s in stats),
+                batch_size=sum(s.batch_size for s in stats),
                 # Tensor parallelism: the slowest replica's time in all-reduces per step.
-                allreduce_ms=max((s.get("allreduce_ms_per_step", 0.0) for s in stats), default=0.0),
-                stage_idle=list(next((s["pp_stage_idle_share"] for s in stats if s.get("pp_stage_idle_share")), [])),
-                max_num_seqs=sum(s.get("max_num_seqs", 0) for s in stats),
+                allreduce_ms=max((s.allreduce_ms_per_step for s in stats), default=0.0),
+                stage_idle=list(next((s.pp_stage_idle_share for s in stats if s.pp_stage_idle_share), [])),
+                max_num_seqs=sum(s.max_num_seqs for s in stats),
                 **self.wasted_fields(now),
                 **self.failure_metrics(now, ttft, stats),
             )

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+SNAPSHOT_HZ = 6.0  # the live stream promises at least 5 a second (the fleet's, the remote lab's poll)
+
 
 @dataclass
 class FleetSnapshot:
