@@ -127,6 +127,8 @@ LEVERS: dict[str, Lever] = {
 
 DEFENCE_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.group == "defence")
 CLIENT_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.group == "client")
+# The levers a running router takes at once (RouterConfig's fields), without a rebuild.
+ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
 
 
 def validate_levers(values: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from engine.lab.shape import shape_for
 from engine.lab.simulated.lab_check import check_sim, model_label
 from engine.lab.simulated.lab_sim import SimLab
 from engine.lab.traffic import TrafficDriver
-from engine.levers import LEVERS, validate_levers
+from engine.levers import LEVERS, ROUTER_LEVERS, validate_levers
 from engine.serving.replicas.replica_api import SERVING
 from engine.serving.routing.defences import Defences
 from engine.serving.scaling.autoscaler import LEVERS as AUTOSCALER_LEVERS
@@ -51,7 +51,6 @@ from engine.serving.telemetry.traces import RequestTraces
 
 log = logging.getLogger("servelab.lab")
 
-ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
 DEFENCES = Defences.names()  # the serving layer's guards: fleet.defences takes them in place
 ENGINE_IN_PLACE = tuple(key for key in LEVERS if key in IN_PLACE_FIELDS)
 REBUILD_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.apply == "rebuild")

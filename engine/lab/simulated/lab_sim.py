@@ -33,6 +33,7 @@ from engine.lab.replica_bounds import replica_bounds
 from engine.lab.shape import min_tensor_parallel
 from engine.lab.simulated.lab_check import badge, check_sim, fits
 from engine.lab.traffic import Ramp
+from engine.levers import ROUTER_LEVERS
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
 from engine.serving.driver import WallClockDriver
@@ -52,7 +53,6 @@ from engine.sim.workload import SimRequest
 
 PACER_HZ = SNAPSHOT_HZ  # wall ticks a second; each runs the loop up to now * sim_speed and sends one snapshot
 MAX_LAG_S = 0.5  # a slice the simulation cannot keep up with is dropped, not made up in a burst
-ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
 IN_PLACE_LEVERS = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching")
 # Levers whose change needs a new simulated fleet (the deployment or the pools change).
 REBUILD_LEVERS = (
