@@ -121,6 +121,8 @@ bench-sim: $(STAMP)
 	$(PY) -m bench.sim_trtllm
 	$(PY) -m bench.sim_disagg
 	$(PY) -m bench.sim_pipeline
+	$(PY) -m bench.sim_latency
+	$(PY) -m bench.plan_worked
 	$(PY) -m bench.sim_speed
 	$(PY) -m bench.whatif_speed
 

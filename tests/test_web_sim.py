@@ -152,3 +152,49 @@ def test_switching_modes_back_and_forth_leaves_nothing_running_behind_the_page(s
     count = page.evaluate("window.servelab.snapshots")
     wait_for(page, f"window.servelab.snapshots > {count} + 5", 5)
     expect(page.locator("#bottlenecks .mode-badge")).to_be_hidden()
+
+
+def test_the_plan_page_draws_the_frontier_hovers_a_shape_and_a_click_opens_it_in_the_simulated_lab(
+    server: ServerProcess, page: Page
+) -> None:
+    open_lab(page, server)  # the instructor's token, kept in this browser for the lab the click opens
+    page.goto(f"{server.base_url}/plan")
+    form = page.locator("#plan-form")
+    form.locator("[name=model]").select_option("llama-3.1-8b")
+    for name, value in {"rate": "8", "input_tokens": "400", "output_tokens": "60", "ttft_slo_ms": "300", "tpot_slo_ms": "20",
+                        "max_gpus": "4"}.items():  # fmt: skip
+        form.locator(f"[name={name}]").fill(value)
+    for box in form.locator("input[name=device], input[name=dtype]").all():
+        box.set_checked(box.get_attribute("value") in ("h100", "fp8"))
+    form.locator("[name=disaggregation]").set_checked(False)
+    form.locator("#plan-run").click()
+    wait_for(page, "window.servelabPlan.plan !== null", 180)
+    plan = page.evaluate("window.servelabPlan.plan")
+    assert plan["feasible"] and {p["device"] for p in plan["points"]} == {"h100"}
+    assert {p["dtype"] for p in plan["points"]} == {"fp8"} and not any(p["prefill_replicas"] for p in plan["points"])
+    names = page.evaluate("document.getElementById('plan-chart').data.map(t => t.name)")
+    assert "h100 fp8 aggregated" in names and "cheapest that meets both targets" in names
+    expect(page.locator("#plan-verdict")).to_contain_text("cheapest that meets both SLOs")
+    expect(page.locator("#plan-launch pre").first).to_contain_text("vllm serve")
+    expect(page.locator("#plan-launch pre").nth(1)).to_contain_text("sglang.launch_server")
+    # Hover the starred point with the mouse, then click it: the lab opens on that shape.
+    chosen = plan["points"][plan["cheapest"]["id"]]
+    page.evaluate("window.scrollTo(0, 0)")  # the Plan button scrolled the form's foot into view
+    x, y = page.evaluate(
+        """([x, y]) => { const gd = document.getElementById('plan-chart'), r = gd.getBoundingClientRect();
+        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        return [r.left + xa._offset + xa.l2p(x), r.top + ya._offset + ya.l2p(y)]; }""",
+        [chosen["tok_s_per_user"], chosen["output_tok_s_per_gpu"]],
+    )
+    page.mouse.move(x, y)
+    expect(page.locator("#plan-chart .hovertext").first).to_contain_text("tok/s/GPU")
+    expect(page.locator("#plan-chart .hovertext").first).to_contain_text(f"{chosen['gpus']} h100")
+    page.mouse.click(x, y)
+    page.wait_for_url("**/lab?executor=sim*")
+    wait_for(page, "window.servelab && window.servelab.lab && window.servelab.lab.executor === 'sim'")
+    wait_for(page, f"window.servelab.lab.levers.gpu_count === {chosen['gpus']}")
+    levers = page.evaluate("window.servelab.lab.levers")
+    assert (levers["device"], levers["tensor_parallel"], levers["pipeline_parallel"], levers["weight_dtype"]) == (
+        "h100", chosen["tp"], chosen["pp"], "fp8"
+    )
+    assert levers["max_num_seqs"] == chosen["max_num_seqs"] and levers["model"] == "llama-3.1-8b"

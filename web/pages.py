@@ -3,15 +3,19 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from flask import Blueprint, Response, abort, current_app, render_template, send_file
 
+from engine.catalog import DEVICE_NAMES, MODEL_NAMES
 from engine.errors import ServingError
 from engine.lab.facade import LabFacade
 from engine.lab.shape import TRADEOFFS
 from engine.levers import LEVERS
+from engine.sim.constants import GPU_HOUR_USD
+from engine.sim.plan_space import PlanQuery
 from web.diagram import diagram
 from web.evolution import EVOLUTION
 from web.failures import FAILURES
@@ -80,6 +84,27 @@ def lab_page() -> str:
         evolution=EVOLUTION,
         **_shared(),
     )
+
+
+@pages.get("/plan")
+def plan_page() -> str:
+    """The deployment planner: a query, the frontier it finds, the cheapest shape and its launch."""
+    return render_template(
+        "plan.html", lessons=library().lessons(), live=lab().live_state().to_json(),
+        models=[m for m in MODEL_NAMES if m != "smollm2-135m"], devices=[d for d in DEVICE_NAMES if d != "cpu"],
+        prices=GPU_HOUR_USD, defaults=PlanQuery, accuracy=_latency_accuracy(), **_shared(),
+    )  # fmt: skip
+
+
+def _latency_accuracy() -> dict | None:
+    """The simulator's latency errors against published runs (bench/sim_latency.py's last result),
+    for the Plan page's "how accurate is this"; None where it was never run."""
+    path = ROOT / "bench" / "results" / "sim_latency.json"
+    try:
+        result = json.loads(path.read_text())
+        return {"date": result["date"], "command": result["command"], "mape": result["mape_p50_percent"]}
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 @pages.get("/failures")

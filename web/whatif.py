@@ -9,6 +9,8 @@ request, runs one simulation at a time, and answers in JSON (errors as the OpenA
 - `POST /whatif/predict`: the simulator's prediction of the live lab's charts at its levers now.
 - `POST /whatif/lesson/<step>`: that lesson's at-scale experiment(s), as `/whatif/ab` answers.
 - `GET /whatif/queue?ticket=T`: the place in line of the run posted with `?ticket=T`.
+- `POST /whatif/plan?ticket=T`: a deployment plan (engine/sim/plan.py) for the Plan page's query;
+  `GET /whatif/plan/progress?ticket=T`: its lines searched so far ({"done", "total"}, or null).
 
 Every run goes to the what-if worker (web/whatif_worker.py: one process at the lowest CPU
 priority, one run at a time, in arrival order), never a request thread. While a class runs, only
@@ -17,7 +19,11 @@ its instructor starts one (the class token in `X-ServeLab-Token`, as the page's 
 from __future__ import annotations
 
 import hmac
+import json
+import re
+import tempfile
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
@@ -33,6 +39,8 @@ from engine.sim.compare import (
     parse_experiment,
     run_experiment,
 )
+from engine.sim.plan import plan_for_page
+from engine.sim.plan_space import PlanQuery
 from engine.sim.presets import PRESETS
 from web.openai_api import error_response
 from web.whatif_worker import WhatIfWorker
@@ -145,3 +153,34 @@ def lesson_at_scale(step: int) -> tuple[Response, int]:
         return result | {"title": run["title"], "watch": run["watch"]}
 
     return _answer(work)
+
+
+def _progress_path(ticket: str | None) -> Path | None:
+    """Where the worker writes a plan's progress: a file per ticket the page chose (letters,
+    digits and dashes only), which the page polls while it waits."""
+    if not ticket or not re.fullmatch(r"[A-Za-z0-9-]{1,64}", ticket):
+        return None
+    return Path(tempfile.gettempdir()) / f"servelab-plan-{ticket}.json"
+
+
+@whatif.post("/plan")
+def plan_post() -> tuple[Response, int]:
+    def work() -> dict[str, Any]:
+        query = PlanQuery.from_body(_body())
+        path = _progress_path(request.args.get("ticket"))
+        try:
+            return _in_worker(plan_for_page, query, None if path is None else str(path))
+        finally:
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+    return _answer(work)
+
+
+@whatif.get("/plan/progress")
+def plan_progress() -> Response:
+    path = _progress_path(request.args.get("ticket"))
+    try:
+        return jsonify(json.loads(path.read_text()) if path is not None else None)
+    except (OSError, ValueError):
+        return jsonify(None)  # not started yet, or being written

@@ -1,5 +1,7 @@
 """`python -m engine.sim run --model M --device D --gpus G --tp T ... [--json]` (DESIGN.md's
-what-if contract). A configuration that cannot run exits 2 with the reason on stderr."""
+what-if contract) and `python -m engine.sim plan --model M --rate R --ttft-p99-ms T --tpot-p99-ms P
+...` (the cheapest shape that meets both SLOs, the frontier, the launch commands: engine/sim/plan.py).
+A configuration that cannot run exits 2 with the reason on stderr."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 import sys
 
 from engine.sim.deployment import KV_DTYPES, WEIGHT_DTYPES, SimConfigError
+from engine.sim.plan_cli import add_plan_parser, run_plan_command
 from engine.sim.run import SimSpec, simulate
 
 CONTRACT_KEYS = (
@@ -81,6 +84,7 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--settle", type=_bool, default=False,
                    help="after the last request, run on until the fleet has drained back to --min-replicas")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add_plan_parser(sub)
     return p
 
 
@@ -123,6 +127,8 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.command == "plan":
+        return run_plan_command(args)
     try:
         result = simulate(spec_from(args))
     except SimConfigError as err:

@@ -76,3 +76,10 @@ EMBED_BYTES = 2.0
 # streaming into one process (about 1 GB/s) and a node's local NVMe RAID shared by 8 GPUs
 # (p5.48xlarge: 8 x 3.84 TB NVMe, ~25 GB/s read, ~3 GB/s a GPU); a CLI setting, not a measurement.
 STORAGE_BW = 2 * GB
+
+# The planner's default GPU-hour prices (USD, on demand, per GPU), which --gpu-hour-usd replaces:
+# the specialty-cloud tier's middle in Mercatus's May 2026 survey of 22 providers (A100 80GB
+# $1.10-1.50, H100 SXM $2.50-3.50, H200 SXM $3.50-4.50) and B200 on specialized clouds at
+# $4.50-6.00 (Lyceum, March 2026). L4 and MI300X have no default: a plan that considers them
+# must be given their price.
+GPU_HOUR_USD = {"a100": 1.30, "h100": 3.00, "h200": 4.00, "b200": 5.25}
