@@ -152,5 +152,10 @@
       $("#plan-run").disabled = false;
     }
   }
+  // A link's query (/plan?model=...&rate=..., as steps 7 and 8 send it) fills the form's fields.
+  for (const [name, value] of new URLSearchParams(location.search)) {
+    const field = form.elements[name];
+    if (field && field.tagName) field.value = value;
+  }
   form.addEventListener("submit", run);
 })();

@@ -198,3 +198,18 @@ def test_the_plan_page_draws_the_frontier_hovers_a_shape_and_a_click_opens_it_in
         "h100", chosen["tp"], chosen["pp"], "fp8"
     )
     assert levers["max_num_seqs"] == chosen["max_num_seqs"] and levers["model"] == "llama-3.1-8b"
+
+
+def test_step_7_plans_its_own_traffic_at_scale(server: ServerProcess, page: Page) -> None:
+    open_lab(page, server, "/steps/7")
+    levers = page.evaluate("window.servelab.lab.levers")
+    page.locator("#plan-panel-model").select_option("llama-3.1-8b")
+    page.locator("#plan-panel-link").click()
+    page.wait_for_url("**/plan?*")
+    form = page.locator("#plan-form")
+    expect(form.locator("[name=model]")).to_have_value("llama-3.1-8b")
+    assert float(form.locator("[name=rate]").input_value()) == max(1, levers["request_rate"])
+    expect(form.locator("[name=input_tokens]")).to_have_value(str(levers["prompt_tokens"]))
+    expect(form.locator("[name=ttft_slo_ms]")).to_have_value(str(levers["ttft_target_ms"]))
+    page.goto(f"{server.base_url}/lab")  # the page fixture leaves the lab from a page that has one
+    page.wait_for_function("window.servelab && window.servelab.snapshots > 0")
