@@ -89,7 +89,7 @@
     box.textContent = "";
     const launch = (plan.cheapest || plan.closest || {}).launch || {};
     if (launch.error) { box.textContent = launch.error; return; }
-    for (const server of ["vllm", "sglang"]) {
+    for (const server of ["servelab", "vllm", "sglang"]) {
       for (const entry of launch[server] || []) {
         const row = document.createElement("div");
         row.className = "launch-row";
@@ -143,6 +143,7 @@
       status.textContent = s.evaluated + " shapes simulated in " + s.wall_s.toFixed(1) + " s";
       draw(body);
       showChoice(body);
+      if (measureCard) measureCard.hidden = false;
     } catch (err) {
       status.textContent = "failed";
       error.textContent = (err.param ? err.param + ": " : "") + err.message;
@@ -152,6 +153,74 @@
       $("#plan-run").disabled = false;
     }
   }
+  // ---- measure the plan (the remote backend): the lab's clients send the plan's traffic to the
+  // remote fleet, and its own figures from the stream land beside the prediction.
+  const measureCard = $("#plan-measure");
+  let socket = null, latest = null;
+  if (measureCard) {
+    socket = io("/live", { auth: { token: localStorage.getItem("servelab-token") || "" } });
+    socket.on("metrics", (m) => { latest = m; });
+    $("#plan-measure-run").addEventListener("click", measure);
+  }
+  const emit = (event, data) => new Promise((done) => socket.emit(event, data, done));
+  const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
+  function errorPct(measured, predicted) {
+    return measured && predicted ? ((predicted - measured) / measured * 100).toFixed(0) + "%" : "–";
+  }
+  async function measure() {
+    const plan = window.servelabPlan.plan, chosen = plan.cheapest || plan.closest, q = plan.query;
+    // The remote's rates are over the metrics' window: it must lie inside the traffic before they count.
+    const windowS = Number(measureCard.dataset.windowS);
+    const status = $("#plan-measure-status"), seconds = Math.max(windowS + 5, Number($("#plan-measure-s").value) || 60);
+    $("#plan-measure-run").disabled = true;
+    try {
+      let ack = await emit("set_levers", { request_rate: q.rate, prompt_tokens: q.input_tokens, output_tokens: q.output_tokens });
+      if (!ack.ok) throw new Error(ack.error.message);
+      ack = await emit("flood", { action: "start" });
+      if (!ack.ok) throw new Error(ack.error.message);
+      const rates = []; // tokens/s each second once the window is all traffic (one reading jumps with Poisson arrivals)
+      for (let left = seconds; left > 0; left--) {
+        const t = latest && latest.lab ? latest.lab.traffic : null;
+        status.textContent = "sending " + q.rate + " req/s to the remote fleet: " + left + " s left" + (t ? " · " + t.sent + " sent" : "");
+        await sleep(1000);
+        if (seconds - left >= windowS && latest && latest.tokens_per_s != null) rates.push(latest.tokens_per_s);
+      }
+      const m = latest || {};
+      await emit("flood", { action: "stop" });
+      const mean = rates.length ? rates.reduce((a, b) => a + b, 0) / rates.length : m.tokens_per_s;
+      const measured = { ttft_p50_s: m.ttft_p50, ttft_p99_s: m.ttft_p99, tpot_p50_s: m.itl_p50, tpot_p99_s: m.itl_p99,
+                         output_tok_s: mean };
+      if (!measured.tpot_p50_s || !measured.output_tok_s) throw new Error("the remote's metrics had no TPOT or tokens/s for the window");
+      window.servelabPlan.measured = measured;
+      Plotly.addTraces(chart, {
+        name: "measured on the remote fleet", x: [1 / measured.tpot_p50_s], y: [measured.output_tok_s / chosen.gpus],
+        mode: "markers", marker: { size: 14, symbol: "diamond", color: "#2ca02c" }, hoverinfo: "text",
+        text: ["measured: TTFT p50 " + (measured.ttft_p50_s * 1000).toFixed(0) + " ms · TPOT p50 " +
+               (measured.tpot_p50_s * 1000).toFixed(1) + " ms · " + measured.output_tok_s.toFixed(1) + " tok/s"],
+      });
+      const rows = [["", "predicted", "measured", "prediction off by"]];
+      for (const [label, key, scale, unit] of [["TTFT p50", "ttft_p50_s", 1000, " ms"], ["TTFT p99", "ttft_p99_s", 1000, " ms"],
+        ["TPOT p50", "tpot_p50_s", 1000, " ms"], ["TPOT p99", "tpot_p99_s", 1000, " ms"], ["output tok/s", "output_tok_s", 1, ""]]) {
+        const p = chosen[key], v = measured[key];
+        rows.push([label, p == null ? "–" : (p * scale).toFixed(1) + unit, v == null ? "–" : (v * scale).toFixed(1) + unit, errorPct(v, p)]);
+      }
+      const table = $("#plan-measure-table");
+      table.textContent = "";
+      for (const cells of rows) {
+        const tr = document.createElement("tr");
+        for (const c of cells) { const td = document.createElement("td"); td.textContent = c; tr.append(td); }
+        table.append(tr);
+      }
+      table.hidden = false;
+      status.textContent = "measured over " + seconds + " s (the remote's own figures, the lab's latest window)";
+    } catch (err) {
+      status.textContent = "could not measure: " + err.message;
+      if (socket) socket.emit("flood", { action: "stop" }, () => {});
+    } finally {
+      $("#plan-measure-run").disabled = false;
+    }
+  }
+
   // A link's query (/plan?model=...&rate=..., as steps 7 and 8 send it) fills the form's fields.
   for (const [name, value] of new URLSearchParams(location.search)) {
     const field = form.elements[name];

@@ -294,10 +294,11 @@ def test_overload_then_sigterm_drains() -> None:
         assert len(retries) > 1 and min(retries) >= 1
         assert all(r["body"]["usage"]["completion_tokens"] == 8 for r in served)
 
-        # A stream that waits behind two long requests hears `: ping` until its first token.
+        # A stream that waits behind two long requests hears `: ping` until its first token. Long
+        # enough on any CPU: 40 tokens each were done 0.1 s after the 0.3 s wait on a fast one.
         blockers = [
             threading.Thread(
-                target=stream_lines, args=(srv.port, {"prompt": [7] * 20, "max_tokens": 40, "ignore_eos": True})
+                target=stream_lines, args=(srv.port, {"prompt": [7] * 20, "max_tokens": 200, "ignore_eos": True})
             )
             for _ in range(2)
         ]

@@ -137,3 +137,36 @@ def test_the_lab_drives_and_watches_a_remote_server(
     finally:
         back.stop()
     assert page.page_errors == []  # type: ignore[attr-defined]
+
+
+def test_a_plan_for_this_machine_is_measured_on_the_remote_fleet(lab_server: ServerProcess, page: Page) -> None:
+    """Predict-then-run for a fleet (issue 29): the Plan page plans ServeLab's own engine on the
+    `cpu` device, then sends the plan's traffic to the remote (`python -m engine serve`) and lays
+    the remote's measured figures beside the prediction."""
+    page.goto(f"{lab_server.base_url}/plan")
+    form = page.locator("#plan-form")
+    form.locator("[name=model]").select_option("smollm2-135m")
+    for name, value in {"rate": "1", "input_tokens": "32", "output_tokens": "16", "input_range_ratio": "0",
+                        "ttft_slo_ms": "20000", "tpot_slo_ms": "2000", "max_gpus": "1", "price.cpu": "0.1"}.items():  # fmt: skip
+        form.locator(f"[name='{name}']").fill(value)
+    for box in form.locator("input[name=device], input[name=dtype]").all():
+        box.set_checked(box.get_attribute("value") in ("cpu", "bf16"))
+    form.locator("[name=disaggregation]").set_checked(False)
+    form.locator("#plan-run").click()
+    page.wait_for_function("window.servelabPlan.plan !== null", timeout=180_000)
+    plan = page.evaluate("window.servelabPlan.plan")
+    chosen = plan["cheapest"] or plan["closest"]
+    assert chosen["device"] == "cpu" and chosen["servelab_command"].startswith("python -m engine serve --replicas 1")
+    expect(page.locator("#plan-launch pre").first).to_contain_text("python -m engine serve")
+    expect(page.locator("#plan-measure")).to_be_visible()
+    page.locator("#plan-measure-s").fill("40")  # the metrics' 30 s window inside the traffic, then 10 s of readings
+    page.locator("#plan-measure-run").click()
+    page.wait_for_function("window.servelabPlan.measured !== undefined", timeout=120_000)
+    measured = page.evaluate("window.servelabPlan.measured")
+    print({k: (chosen[k], measured[k]) for k in measured})  # predicted, measured
+    assert measured["ttft_p50_s"] > 0 and measured["tpot_p50_s"] > 0 and measured["output_tok_s"] > 0, measured
+    names = page.evaluate("document.getElementById('plan-chart').data.map(t => t.name)")
+    assert "measured on the remote fleet" in names
+    expect(page.locator("#plan-measure-table tr")).to_have_count(6)
+    expect(page.locator("#plan-measure-status")).to_contain_text("measured over 40 s")
+    assert page.page_errors == []  # type: ignore[attr-defined]

@@ -14,6 +14,7 @@ from engine.errors import ServingError
 from engine.lab.facade import LabFacade
 from engine.lab.shape import TRADEOFFS
 from engine.levers import LEVERS
+from engine.serving.telemetry.metrics import WINDOW_S
 from engine.sim.constants import GPU_HOUR_USD
 from engine.sim.plan_space import PlanQuery
 from web.diagram import diagram
@@ -91,8 +92,9 @@ def plan_page() -> str:
     """The deployment planner: a query, the frontier it finds, the cheapest shape and its launch."""
     return render_template(
         "plan.html", lessons=library().lessons(), live=lab().live_state().to_json(),
-        models=[m for m in MODEL_NAMES if m != "smollm2-135m"], devices=[d for d in DEVICE_NAMES if d != "cpu"],
-        prices=GPU_HOUR_USD, defaults=PlanQuery, accuracy=_latency_accuracy(), **_shared(),
+        # smollm2-135m on `cpu` plans a fleet of ServeLab's own engine on this machine (price it yourself).
+        models=list(MODEL_NAMES), devices=list(DEVICE_NAMES),
+        prices=GPU_HOUR_USD, defaults=PlanQuery, accuracy=_latency_accuracy(), window_s=round(WINDOW_S), **_shared(),
     )  # fmt: skip
 
 

@@ -119,8 +119,23 @@ def _entry(role: str, servers: int, gpus_each: int, argv: list[str]) -> dict[str
     return {"role": role, "servers": servers, "gpus_each": gpus_each, "argv": argv, "command": shlex.join(argv)}
 
 
+def _servelab(shape: Any, q: Any) -> dict[str, Any]:
+    """ServeLab's own server, where the plan's device is this machine's CPU (`cpu`): one process
+    with every replica (DESIGN.md's entry points; each lever is a flag)."""
+    argv = [
+        "python", "-m", "engine", "serve", "--replicas", str(shape.replicas), "--tensor-parallel", str(shape.tp),
+        "--pipeline-parallel", str(shape.pp), "--max-num-seqs", str(shape.max_num_seqs),
+    ]  # fmt: skip
+    return _entry("serve", 1, shape.replicas * shape.tp * shape.pp, argv)
+
+
 def launch_commands(shape: Any, q: Any) -> dict[str, Any]:
-    """Both servers' command lines for a plan's Shape under its PlanQuery."""
+    """Both servers' command lines for a plan's Shape under its PlanQuery (ServeLab's own for the
+    `cpu` device, the live engine's machine)."""
+    if shape.device == "cpu":
+        if shape.prefill_replicas:
+            return {"error": "ServeLab's own server colocates prefill and decode: no split to launch on this machine"}
+        return {"servelab": [_servelab(shape, q)]}
     try:
         checkpoint(q.model, shape.dtype)
     except KeyError as err:

@@ -170,8 +170,9 @@ def _chosen(point: dict[str, Any], q: PlanQuery) -> dict[str, Any]:
     `vllm_command` / `sglang_command`: the first, the whole deployment where it is one kind)."""
     shape = Shape(**{k: point[k] for k in ("device", "dtype", "tp", "pp", "replicas", "max_num_seqs", "prefill_replicas")})
     launch = launch_commands(shape, q)
-    first = {server: launch[server][0]["command"] if server in launch else None for server in ("vllm", "sglang")}
-    return point | {"launch": launch, "vllm_command": first["vllm"], "sglang_command": first["sglang"]}
+    first = {server: launch[server][0]["command"] if server in launch else None for server in ("vllm", "sglang", "servelab")}
+    out = point | {"launch": launch, "vllm_command": first["vllm"], "sglang_command": first["sglang"]}
+    return out | ({"servelab_command": first["servelab"]} if first["servelab"] else {})
 
 
 def _cost_key(p: PlanPoint) -> tuple[float, float, int]:
