@@ -157,18 +157,19 @@ class Plan:
             "feasible": cheapest is not None,
             # The chosen shape's own longer re-run: its figures, the command that reproduces them.
             "cheapest": None if self.confirmed is None or cheapest is None else _chosen(
-                self.confirmed.to_json(q.confirming()) | {"id": ids[id(cheapest)], "requests": q.confirming().num_requests}, q
+                self.confirmed.to_json(q.confirming()) | {"id": ids[id(cheapest)], "requests": q.confirming().num_requests},
+                cheapest.shape, q,
             ),
-            "closest": None if cheapest is not None or closest is None else _chosen(points[ids[id(closest)]], q) | {"reason": verdict},
+            "closest": None if cheapest is not None or closest is None
+            else _chosen(points[ids[id(closest)]], closest.shape, q) | {"reason": verdict},
             "rejected_on_rerun": [p.to_json(q.confirming()) for p in self.rejected],
             "verdict": verdict,
         }  # fmt: skip
 
 
-def _chosen(point: dict[str, Any], q: PlanQuery) -> dict[str, Any]:
+def _chosen(point: dict[str, Any], shape: Shape, q: PlanQuery) -> dict[str, Any]:
     """A chosen point with the command lines that deploy it (`launch`: every server of it;
     `vllm_command` / `sglang_command`: the first, the whole deployment where it is one kind)."""
-    shape = Shape(**{k: point[k] for k in ("device", "dtype", "tp", "pp", "replicas", "max_num_seqs", "prefill_replicas")})
     launch = launch_commands(shape, q)
     first = {server: launch[server][0]["command"] if server in launch else None for server in ("vllm", "sglang", "servelab")}
     out = point | {"launch": launch, "vllm_command": first["vllm"], "sglang_command": first["sglang"]}

@@ -8,6 +8,7 @@ import json
 import sys
 from typing import Any
 
+from engine.levers import parse_bool
 from engine.sim.deployment import SimConfigError
 from engine.sim.plan import run_plan
 from engine.sim.plan_space import PlanQuery
@@ -41,12 +42,6 @@ def _prices(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
-def _bool(text: str) -> bool:
-    if text.lower() not in ("true", "false"):
-        raise argparse.ArgumentTypeError("must be true or false")
-    return text.lower() == "true"
-
-
 def add_plan_parser(sub: Any) -> None:
     d = PlanQuery
     p = sub.add_parser("plan", help="search shapes for the cheapest that meets the SLOs, and the frontier")
@@ -65,7 +60,7 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument("--tp", type=_ints, default=d.tp)
     p.add_argument("--pp", type=_ints, default=d.pp)
     p.add_argument("--batch-slots", type=_ints, default=d.batch_slots, help="max_num_seqs values")
-    p.add_argument("--disaggregation", type=_bool, default=d.disaggregation, help="also try prefill/decode splits")
+    p.add_argument("--disaggregation", type=parse_bool, default=d.disaggregation, help="also try prefill/decode splits")
     p.add_argument("--duration-s", type=float, default=d.duration_s,
                    help=f"simulated arrivals per candidate ({d.MIN_REQUESTS}-{d.MAX_REQUESTS} requests)")
     p.add_argument("--seed", type=int, default=0)
