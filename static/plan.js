@@ -12,7 +12,10 @@
   function query() {
     const body = {};
     for (const name of ["model"]) body[name] = form.elements[name].value;
-    for (const name of ["rate", "ttft_slo_ms", "tpot_slo_ms", "input_range_ratio"]) body[name] = Number(form.elements[name].value);
+    // The traffic is one of the two: a rate, or a closed loop of concurrent users.
+    if (form.elements.traffic.value === "concurrency") body.concurrency = parseInt(form.elements.concurrency.value, 10);
+    else body.rate = Number(form.elements.rate.value);
+    for (const name of ["ttft_slo_ms", "tpot_slo_ms", "input_range_ratio"]) body[name] = Number(form.elements[name].value);
     for (const name of ["input_tokens", "output_tokens", "max_gpus"]) body[name] = parseInt(form.elements[name].value, 10);
     body.devices = $$('input[name="device"]:checked', form).map((i) => i.value);
     body.dtypes = $$('input[name="dtype"]:checked', form).map((i) => i.value);
@@ -169,19 +172,21 @@
   }
   async function measure() {
     const plan = window.servelabPlan.plan, chosen = plan.cheapest || plan.closest, q = plan.query;
+    // The lab's clients send at a rate: a closed loop's is the rate the chosen shape's run achieved.
+    const rate = q.rate != null ? q.rate : Math.round(chosen.request_s * 1000) / 1000;
     // The remote's rates are over the metrics' window: it must lie inside the traffic before they count.
     const windowS = Number(measureCard.dataset.windowS);
     const status = $("#plan-measure-status"), seconds = Math.max(windowS + 5, Number($("#plan-measure-s").value) || 60);
     $("#plan-measure-run").disabled = true;
     try {
-      let ack = await emit("set_levers", { request_rate: q.rate, prompt_tokens: q.input_tokens, output_tokens: q.output_tokens });
+      let ack = await emit("set_levers", { request_rate: rate, prompt_tokens: q.input_tokens, output_tokens: q.output_tokens });
       if (!ack.ok) throw new Error(ack.error.message);
       ack = await emit("flood", { action: "start" });
       if (!ack.ok) throw new Error(ack.error.message);
       const rates = []; // tokens/s each second once the window is all traffic (one reading jumps with Poisson arrivals)
       for (let left = seconds; left > 0; left--) {
         const t = latest && latest.lab ? latest.lab.traffic : null;
-        status.textContent = "sending " + q.rate + " req/s to the remote fleet: " + left + " s left" + (t ? " · " + t.sent + " sent" : "");
+        status.textContent = "sending " + rate + " req/s to the remote fleet: " + left + " s left" + (t ? " · " + t.sent + " sent" : "");
         await sleep(1000);
         if (seconds - left >= windowS && latest && latest.tokens_per_s != null) rates.push(latest.tokens_per_s);
       }
@@ -221,10 +226,16 @@
     }
   }
 
-  // A link's query (/plan?model=...&rate=..., as steps 7 and 8 send it) fills the form's fields.
+  function showTraffic() {
+    for (const label of $$("[data-traffic]", form)) label.hidden = label.dataset.traffic !== form.elements.traffic.value;
+  }
+  form.elements.traffic.addEventListener("change", showTraffic);
+  // A link's query (/plan?model=...&rate=..., as steps 7 and 8 send it; or &concurrency=N) fills the form's fields.
   for (const [name, value] of new URLSearchParams(location.search)) {
     const field = form.elements[name];
     if (field && field.tagName) field.value = value;
+    if (name === "concurrency" || name === "rate") form.elements.traffic.value = name;
   }
+  showTraffic();
   form.addEventListener("submit", run);
 })();

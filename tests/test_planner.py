@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import InvalidParamError
 from engine.sim.__main__ import main as sim_main
 from engine.sim.__main__ import parser as sim_parser
+from engine.sim.deployment import SimConfigError
 from engine.sim.launch_commands import launch_commands
 from engine.sim.plan import run_plan
 from engine.sim.plan_space import PlanQuery, Shape, search_space
@@ -157,3 +159,60 @@ def test_a_query_that_cannot_run_exits_2_naming_the_flag(capsys: pytest.CaptureF
     assert "--rate" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         sim_parser().parse_args([*base, "--tp", "0"])
+
+
+# The same question asked of six users in a closed loop (vLLM's --max-concurrency): 20 s of them.
+CLOSED = PlanQuery(**{**QUERY.__dict__, "rate": None, "concurrency": 6, "duration_s": 20, "tp": (1,), "pp": (1,)})
+
+
+def test_a_closed_loop_query_plans_a_feasible_point_whose_rerun_carries_the_concurrency() -> None:
+    plan = run_plan(CLOSED, workers=1).to_json()
+    assert plan["query"]["concurrency"] == 6 and plan["query"]["rate"] is None
+    assert plan["feasible"], plan["verdict"]
+    # No shape has more replicas than requests could ever be in flight (Little's law, the clients).
+    assert all(p["replicas"] <= 6 for p in plan["points"]) and "idle" in plan["search"]
+    assert all(" --concurrency 6 " in p["command"] for p in plan["points"])
+    confirmation = plan["cheapest"]
+    argv = shlex.split(confirmation["command"])
+    assert argv[argv.index("--concurrency") + 1] == "6" and argv[argv.index("--rate") + 1] == "inf"
+    assert confirmation["requests"] == CLOSED.confirming().num_requests > CLOSED.num_requests
+    assert not any("--concurrency" in e["command"] for e in confirmation["launch"]["vllm"])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert sim_main([*argv[3:], "--json"]) == 0
+    rerun = json.loads(out.getvalue())
+    assert rerun["concurrency"] == 6 and rerun["in_flight_max"] <= 6 and rerun["completed"] == confirmation["requests"]
+    assert (rerun["ttft_p99_s"], rerun["tpot_p99_s"]) == (confirmation["ttft_p99_s"], confirmation["tpot_p99_s"])
+    # The achieved rate is what the plan prices, and what the lab link's clients send.
+    assert rerun["request_s"] == confirmation["request_s"] > 0
+    best = plan["points"][confirmation["id"]]
+    assert f"request_rate={round(best['request_s'], 3)}" in best["lab"]
+
+
+def test_the_concurrency_bounds_the_replicas_directly() -> None:
+    q = PlanQuery(**{**CLOSED.__dict__, "concurrency": 2, "max_gpus": 8, "disaggregation": False})
+    space = search_space(q)
+    assert space.idle > 0 and max(s.replicas for s in space.shapes) == 2
+    assert space.enumerated == len(space.shapes) + space.too_slow + space.unfit + space.idle
+
+
+def test_the_traffic_is_a_rate_or_a_concurrency_not_both(capsys: pytest.CaptureFixture[str]) -> None:
+    both = PlanQuery(**{**CLOSED.__dict__, "rate": 5.0})
+    with pytest.raises(SimConfigError, match="--rate .* or --concurrency .*: not both"):
+        both.check()
+    with pytest.raises(SimConfigError, match="one is required"):
+        PlanQuery(**{**CLOSED.__dict__, "concurrency": None}).check()
+    body = {"model": "llama-3.1-8b", "input_tokens": 400, "output_tokens": 60, "ttft_slo_ms": 300, "tpot_slo_ms": 20}
+    assert PlanQuery.from_body({**body, "concurrency": 8, "rate": None}).concurrency == 8
+    with pytest.raises(InvalidParamError) as bad:
+        PlanQuery.from_body({**body, "concurrency": 8, "rate": 5})
+    assert bad.value.param == "rate"
+    with pytest.raises(InvalidParamError) as bad:
+        PlanQuery.from_body({**body, "concurrency": 0})
+    assert bad.value.param == "concurrency"
+    base = ["plan", "--model", "llama-3.1-8b", "--ttft-slo-ms", "500", "--tpot-slo-ms", "30"]
+    with pytest.raises(SystemExit):
+        sim_parser().parse_args([*base, "--rate", "5", "--concurrency", "4"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert sim_main([*base, "--concurrency", "0"]) == 2
+    assert "--concurrency must be at least 1" in capsys.readouterr().err

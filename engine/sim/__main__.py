@@ -51,6 +51,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--input-range-ratio", type=float, default=0.0)
     r.add_argument("--num-requests", type=int, default=1000)
     r.add_argument("--rate", type=_rate, default=float("inf"), help="requests/s, or inf (all at once)")
+    r.add_argument("--concurrency", type=int, default=None,
+                   help="closed loop: N clients, each sending its next request when its last ends (vLLM's "
+                        "--max-concurrency; with --rate, the rate's arrivals wait for a free client)")
     r.add_argument("--burstiness", type=float, default=1.0)
     r.add_argument("--burst-factor", type=float, default=1.0, help="the rate times this during the burst")
     r.add_argument("--burst-at-s", type=float, default=0.0, help="simulated second the burst begins")
@@ -102,7 +105,8 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         model=args.model, device=args.device, gpus=args.gpus, tp=args.tp, pp=args.pp,
         pp_overlap=args.pp_overlap, dtype=args.dtype, kv_dtype=kv,
         input_tokens=args.input_tokens, output_tokens=args.output_tokens, input_range_ratio=args.input_range_ratio,
-        num_requests=args.num_requests, rate=args.rate, burstiness=args.burstiness, burst_factor=args.burst_factor,
+        num_requests=args.num_requests, rate=args.rate, concurrency=args.concurrency, burstiness=args.burstiness,
+        burst_factor=args.burst_factor,
         burst_at_s=args.burst_at_s, burst_s=args.burst_s, kv_budget_mb=args.kv_budget_mb, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens, ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
         seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching, paged=args.paged,
@@ -116,7 +120,8 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
 
 def table(result: dict) -> str:
     rows = ["{:=^56}".format(" Simulated serving run ")]
-    for key in CONTRACT_KEYS + ("completed", "refused"):
+    closed = ("concurrency", "in_flight_max") if "concurrency" in result else ()
+    for key in CONTRACT_KEYS + ("completed", "refused") + closed:
         value = result[key]
         rows.append(f"{key:<28} {value:>14.4f}" if isinstance(value, float) else f"{key:<28} {value!s:>14}")
     for row in result.get("timeline", []):  # autoscaled: replicas by state over time

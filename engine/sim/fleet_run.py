@@ -19,6 +19,7 @@ from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.serving.telemetry.snapshot import FleetSnapshot
 from engine.sim.assembly import sim_fleet
+from engine.sim.clients import ClosedLoop
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, replica_figures, summarize, take_errors
@@ -49,9 +50,17 @@ def simulate_fleet(
     made: list[SimReplica] = []  # every replica the fleet ever started, retired ones too
     load_s = dep.fullest_stage_bytes / dep.tp / spec.storage_bw  # each GPU reads its own shard
 
+    # Closed loop (--concurrency): a client sends its next request when its last one ends.
+    clients = None
+    if spec.concurrency is not None:
+        clients = ClosedLoop(spec.concurrency, loop, hop, rec.arrivals, lambda r: arrive(r))
+    ended = clients.ended if clients is not None else lambda request_id: None
+    answers = clients.answers if clients is not None else lambda request_id: None
+
     def finished(seq: Any) -> None:
         rec.finish(seq)
         streams.pop(seq.request_id, None)
+        ended(seq.request_id)
 
     router_config = RouterConfig(queue_cap=spec.queue_cap or max(1, spec.num_requests), deadline_s=spec.deadline_s)
     fleet_config = FleetConfig(fewest, warm_pool=spec.warm_pool, provision_delay_s=spec.provision_delay_s)
@@ -99,9 +108,10 @@ def simulate_fleet(
         arrived[0] += 1
         params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
         try:
-            streams[r.request_id] = fleet.submit(r.request_id, r.token_ids(vocab), params, None)
+            streams[r.request_id] = fleet.submit(r.request_id, r.token_ids(vocab), params, None, answers(r.request_id))
         except AdmissionError as err:
             refused[r.request_id] = err.reason
+            ended(r.request_id)
         fleet.router.dispatch_once()  # submit wakes the live dispatcher at once
 
     work_done_at: list[float] = []
@@ -118,8 +128,11 @@ def simulate_fleet(
         fleet.stop()  # its steps end, and with nothing left the loop runs out
         return False
 
-    for r in requests:
-        loop.at(r.arrival + hop, lambda r=r: arrive(r))
+    if clients is not None:
+        clients.start(requests)
+    else:
+        for r in requests:
+            loop.at(r.arrival + hop, lambda r=r: arrive(r))
     if spec.kill_replica_at_s is not None:
         loop.at(spec.kill_replica_at_s, lambda: _kill_one(fleet))
     loop.every(DONE_CHECK_S, check_done)
@@ -142,6 +155,8 @@ def simulate_fleet(
         "scale_events": scale,
         "timeline": timeline,
     }
+    if clients is not None:
+        result |= clients.figures()
     return result
 
 

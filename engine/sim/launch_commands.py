@@ -51,6 +51,8 @@ def sim_command(spec: SimSpec) -> str:
         "--input-range-ratio", f"{spec.input_range_ratio:g}", "--num-requests", str(spec.num_requests),
         "--rate", f"{spec.rate:g}", "--max-num-seqs", str(spec.max_num_seqs), "--seed", str(spec.seed),
     ]  # fmt: skip
+    if spec.concurrency is not None:
+        args += ["--concurrency", str(spec.concurrency)]
     if spec.prefill_gpus is not None:
         args += ["--prefill-gpus", str(spec.prefill_gpus), "--decode-gpus", str(spec.decode_gpus)]
     if spec.ttft_slo_ms is not None:

@@ -72,20 +72,23 @@ class PlanPoint:
             "output_tok_s_per_gpu": self.output_tok_s_per_gpu, "tok_s_per_user": self.tok_s_per_user,
             "ttft_p50_s": f["ttft_p50_s"], "ttft_p99_s": f["ttft_p99_s"], "tpot_p50_s": f["tpot_p50_s"],
             "tpot_p99_s": f["tpot_p99_s"], "goodput_req_s": f["goodput_req_s"], "output_tok_s": f["output_tok_s"],
+            "request_s": f["request_s"],
             "usd_per_hour": self.usd_per_hour, "usd_per_m_tokens": self.usd_per_m_tokens,
             "meets_slo": self.meets_slo, "keeps_up": self.keeps_up, "command": sim_command(self.shape.spec(q)),
-            "lab": "/lab?" + urlencode(lab_levers(self.shape, q)),
+            "lab": "/lab?" + urlencode(lab_levers(self.shape, q, f["request_s"])),
         }  # fmt: skip
 
 
-def lab_levers(shape: Shape, q: PlanQuery) -> dict[str, Any]:
-    """The simulated lab's levers for a shape (engine/levers.py keys, as a shared lab link sets them)."""
+def lab_levers(shape: Shape, q: PlanQuery, request_s: float | None = None) -> dict[str, Any]:
+    """The simulated lab's levers for a shape (engine/levers.py keys, as a shared lab link sets them).
+    The lab's clients send at a rate: a closed loop's is the rate its run achieved (request_s)."""
     group = shape.tp * shape.pp
+    rate = q.rate if q.rate is not None else round(request_s or 0.0, 3)
     levers: dict[str, Any] = {
         "executor": "sim", "model": q.model, "device": shape.device, "gpu_count": shape.gpus,
         "tensor_parallel": shape.tp, "pipeline_parallel": shape.pp, "weight_dtype": shape.dtype,
         "kv_dtype": shape.kv_dtype, "prompt_tokens": q.input_tokens, "output_tokens": q.output_tokens,
-        "request_rate": q.rate, "max_num_seqs": shape.max_num_seqs, "ttft_target_ms": round(q.ttft_slo_ms),
+        "request_rate": rate, "max_num_seqs": shape.max_num_seqs, "ttft_target_ms": round(q.ttft_slo_ms),
         "gpu_hour_usd": q.price(shape.device),
     }  # fmt: skip
     if shape.prefill_replicas:
@@ -150,7 +153,8 @@ class Plan:
             "query": _query_json(q),
             "search": {
                 "enumerated": self.space.enumerated, "unfit": self.space.unfit, "too_slow_by_bound": self.space.too_slow,
-                "lines": len(_lines(self.space.shapes)), "evaluated": len(self.points), "wall_s": self.wall_s,
+                "idle": self.space.idle, "lines": len(_lines(self.space.shapes)), "evaluated": len(self.points),
+                "wall_s": self.wall_s,
             },
             "points": points,
             "frontier": [points[ids[id(p)]] for p in self.frontier],
@@ -191,12 +195,13 @@ def _describe(p: PlanPoint) -> str:
 
 
 def _unfit_reason(space: Space) -> str:
-    return f"all {space.enumerated} shapes either do not fit or cannot keep up with the rate even by the bound"
+    return f"all {space.enumerated} shapes either do not fit or cannot keep up with the traffic even by the bound"
 
 
 def _query_json(q: PlanQuery) -> dict[str, Any]:
     return {
-        "model": q.model, "rate": q.rate, "input_tokens": q.input_tokens, "output_tokens": q.output_tokens,
+        "model": q.model, "rate": q.rate, "concurrency": q.concurrency, "input_tokens": q.input_tokens,
+        "output_tokens": q.output_tokens,
         "input_range_ratio": q.input_range_ratio, "ttft_slo_ms": q.ttft_slo_ms, "tpot_slo_ms": q.tpot_slo_ms,
         "devices": list(q.devices), "max_gpus": q.max_gpus, "gpu_hour_usd": {d: q.price(d) for d in q.devices},
         "num_requests": q.num_requests, "seed": q.seed,
@@ -218,13 +223,17 @@ def pareto(points: list[PlanPoint]) -> list[PlanPoint]:
 def evaluate(shape: Shape, q: PlanQuery) -> PlanPoint:
     spec = shape.spec(q)
     requests = spec.workload()  # the same for every shape of the query (its seed)
-    figures = simulate(spec, requests) | {"last_arrival_s": max(r.arrival for r in requests)}
+    figures = simulate(spec, requests)
     ttft_ok = figures["ttft_p99_s"] * 1000 <= q.ttft_slo_ms
     tpot_ok = figures["tpot_p99_s"] * 1000 <= q.tpot_slo_ms
     done = figures["completed"] == q.num_requests
-    # A fleet that keeps up ends about one request's time after the last arrival; one behind
-    # ends with a backlog, its last request waiting longest.
-    keeps_up = done and figures["simulated_s"] - figures["last_arrival_s"] <= 1.5 * figures["e2el_p50_s"] + 1.0
+    if q.concurrency is not None:
+        keeps_up = done  # a closed loop's clients wait for their answers: its backlog is at most them
+    else:
+        # A fleet that keeps up ends about one request's time after the last arrival; one behind
+        # ends with a backlog, its last request waiting longest.
+        figures["last_arrival_s"] = max(r.arrival for r in requests)
+        keeps_up = done and figures["simulated_s"] - figures["last_arrival_s"] <= 1.5 * figures["e2el_p50_s"] + 1.0
     usd = shape.gpus * q.price(shape.device)
     return PlanPoint(shape, figures, usd, ttft_ok and tpot_ok and done, keeps_up)
 

@@ -46,7 +46,10 @@ def add_plan_parser(sub: Any) -> None:
     d = PlanQuery
     p = sub.add_parser("plan", help="search shapes for the cheapest that meets the SLOs, and the frontier")
     p.add_argument("--model", required=True, type=str.lower)
-    p.add_argument("--rate", required=True, type=float, help="requests/s (Poisson arrivals)")
+    traffic = p.add_mutually_exclusive_group(required=True)
+    traffic.add_argument("--rate", type=float, help="requests/s (Poisson arrivals)")
+    traffic.add_argument("--concurrency", type=int,
+                         help="or: this many clients, each sending its next request when its last one ends")
     p.add_argument("--input-tokens", type=int, default=1000)
     p.add_argument("--output-tokens", type=int, default=250)
     p.add_argument("--input-range-ratio", type=float, default=0.0, help="lengths spread uniformly by +-this share")
@@ -70,8 +73,8 @@ def add_plan_parser(sub: Any) -> None:
 
 def query_from(args: argparse.Namespace) -> PlanQuery:
     return PlanQuery(
-        model=args.model, rate=args.rate, input_tokens=args.input_tokens, output_tokens=args.output_tokens,
-        ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, devices=args.devices, max_gpus=args.max_gpus,
+        model=args.model, rate=args.rate, concurrency=args.concurrency, input_tokens=args.input_tokens,
+        output_tokens=args.output_tokens, ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms, devices=args.devices, max_gpus=args.max_gpus,
         gpu_hour_usd=args.gpu_hour_usd, input_range_ratio=args.input_range_ratio, dtypes=args.dtypes, tp=args.tp,
         pp=args.pp, batch_slots=args.batch_slots, disaggregation=args.disaggregation, duration_s=args.duration_s,
         seed=args.seed,
@@ -83,7 +86,8 @@ def table(plan: dict[str, Any]) -> str:
     rows = [
         (
             f"{s['evaluated']} shapes simulated on {s['lines']} lines in {s['wall_s']:.1f} s "
-            f"({s['enumerated']} enumerated, {s['unfit']} do not fit, {s['too_slow_by_bound']} too slow by the bound)"
+            f"({s['enumerated']} enumerated, {s['unfit']} do not fit, {s['too_slow_by_bound']} too slow by the bound, "
+            f"{s['idle']} with idle replicas by Little's law)"
         ),
         plan["verdict"],
         "frontier (tok/s/GPU, tok/s/user, TTFT p99, TPOT p99, $/M tokens, shape):",

@@ -29,12 +29,16 @@ MAX_GPUS = 512  # the lab's gpu_count lever's bound
 CONFIRM_LONGER = 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlanQuery:
-    """The question: a model under Poisson traffic at `rate` with these lengths, both SLOs at p99."""
+    """The question: a model under traffic with these lengths, both SLOs at p99. The traffic is one
+    of `rate` (Poisson arrivals, requests/s) or `concurrency` (a closed loop of that many clients,
+    each sending its next request the moment its last one ends: `vllm bench serve --max-concurrency`
+    at an unbounded rate, a benchmark's N users)."""
 
     model: str
-    rate: float  # requests/s
+    rate: float | None = None  # requests/s
+    concurrency: int | None = None  # clients
     input_tokens: int
     output_tokens: int
     ttft_slo_ms: float
@@ -67,8 +71,23 @@ class PlanQuery:
         return dataclasses.replace(self, duration_s=self.duration_s * CONFIRM_LONGER)
 
     @property
+    def slo_request_s(self) -> float:
+        """The longest a request of the mean lengths may take and meet both targets."""
+        return (self.ttft_slo_ms + (self.output_tokens - 1) * self.tpot_slo_ms) / 1000
+
+    @property
+    def required_rate(self) -> float:
+        """The requests/s a shape must finish: the rate, or, for a closed loop, what its clients
+        send when each request takes slo_request_s (Little's law: in flight = rate x latency);
+        a shape that finishes fewer keeps a request longer than both targets allow."""
+        return self.rate if self.rate is not None else (self.concurrency or 0) / self.slo_request_s
+
+    @property
     def num_requests(self) -> int:
-        return max(self.MIN_REQUESTS, min(self.MAX_REQUESTS, round(self.rate * self.duration_s)))
+        """duration_s of arrivals: under a rate, rate x duration_s; in a closed loop, what its
+        clients send in duration_s at the required rate (on a shape that meets the targets the run
+        takes at most duration_s, its requests being quicker)."""
+        return max(self.MIN_REQUESTS, min(self.MAX_REQUESTS, round(self.required_rate * self.duration_s)))
 
     @classmethod
     def from_body(cls, body: dict[str, Any]) -> PlanQuery:
@@ -80,6 +99,8 @@ class PlanQuery:
             raise InvalidParamError(min(unknown), f"unknown; a plan takes {', '.join(BODY_FIELDS)}")
         fields: dict[str, Any] = {}
         for name, value in body.items():
+            if value is None and name in ("rate", "concurrency"):
+                continue  # the other one of the two is the traffic (a plan's own query says null)
             kind = BODY_FIELDS[name]
             try:
                 if kind is tuple:  # a list of names, or device -> price
@@ -90,7 +111,7 @@ class PlanQuery:
             except (TypeError, ValueError, AttributeError):
                 raise InvalidParamError(name, f"must be {'a list' if kind is tuple else kind.__name__}") from None
             fields[name] = value
-        for name in ("model", "rate", "ttft_slo_ms", "tpot_slo_ms"):
+        for name in ("model", "input_tokens", "output_tokens", "ttft_slo_ms", "tpot_slo_ms"):
             if name not in fields:
                 raise InvalidParamError(name, "is required")
         query = cls(**fields)
@@ -101,8 +122,13 @@ class PlanQuery:
         return query
 
     def check(self) -> None:
-        if not (self.rate > 0 and math.isfinite(self.rate)):
+        if (self.rate is None) == (self.concurrency is None):
+            given = "not both" if self.rate is not None else "one is required"
+            raise SimConfigError(f"the traffic is --rate (requests/s) or --concurrency (clients): {given}")
+        if self.rate is not None and not (self.rate > 0 and math.isfinite(self.rate)):
             raise SimConfigError("--rate must be a positive, finite number of requests/s")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise SimConfigError("--concurrency must be at least 1")
         if self.ttft_slo_ms <= 0 or self.tpot_slo_ms <= 0:
             raise SimConfigError("--ttft-slo-ms and --tpot-slo-ms must be positive")
         if self.input_tokens < 1 or self.output_tokens < 2:
@@ -123,8 +149,8 @@ class PlanQuery:
 
 # What a page's plan body may hold, and each field's type (lists arrive as JSON lists).
 BODY_FIELDS: dict[str, type] = {
-    "model": str, "rate": float, "input_tokens": int, "output_tokens": int, "ttft_slo_ms": float, "tpot_slo_ms": float,
-    "devices": tuple, "max_gpus": int, "gpu_hour_usd": tuple, "input_range_ratio": float, "dtypes": tuple,
+    "model": str, "rate": float, "concurrency": int, "input_tokens": int, "output_tokens": int, "ttft_slo_ms": float,
+    "tpot_slo_ms": float, "devices": tuple, "max_gpus": int, "gpu_hour_usd": tuple, "input_range_ratio": float, "dtypes": tuple,
     "disaggregation": bool, "seed": int,
 }  # fmt: skip
 
@@ -172,7 +198,8 @@ class Shape:
         return SimSpec(
             model=q.model, device=self.device, gpus=self.gpus, tp=self.tp, pp=self.pp, dtype=self.dtype,
             kv_dtype=self.kv_dtype, input_tokens=q.input_tokens, output_tokens=q.output_tokens,
-            input_range_ratio=q.input_range_ratio, num_requests=q.num_requests, rate=q.rate, seed=q.seed,
+            input_range_ratio=q.input_range_ratio, num_requests=q.num_requests, seed=q.seed,
+            rate=float("inf") if q.rate is None else q.rate, concurrency=q.concurrency,
             max_num_seqs=self.max_num_seqs, ttft_slo_ms=q.ttft_slo_ms, tpot_slo_ms=q.tpot_slo_ms, **split,
         )  # fmt: skip
 
@@ -221,7 +248,7 @@ class Space:
     enumerated: int = 0
     unfit: int = 0  # the model does not fit, or the TP/PP split is impossible
     too_slow: int = 0  # even the bound cannot keep up with the traffic
-    idle: int = 0  # more replicas than requests in flight at once
+    idle: int = 0  # more replicas than requests in flight at once (Little's law)
 
 
 def _replica_counts(group: int, q: PlanQuery) -> list[int]:
@@ -262,13 +289,17 @@ def _add_shapes(space: Space, q: PlanQuery, device: str, dtype: str, tp: int, pp
         return
     shapes = [Shape(device, dtype, tp, pp, n, slots, p) for n in counts for p in _splits(n, q, bound)]
     space.enumerated += len(shapes)
-    # Little's law: more replicas than about twice the requests in flight, each alone on its
-    # replica, leaves replicas idle and no request faster.
-    most_useful = math.ceil(2 * q.rate * bound.alone_s) + 1
+    # Little's law: more replicas than the requests in flight, each alone on its replica, leaves
+    # replicas idle and no request faster. A closed loop never has more in flight than its
+    # clients; under a rate, about twice rate x the least a request takes.
+    if q.concurrency is not None:
+        most_useful = q.concurrency
+    else:
+        most_useful = math.ceil(2 * q.required_rate * bound.alone_s) + 1
     for shape in shapes:
         if shape.replicas > most_useful:
             space.idle += 1
-        elif _capacity(bound, shape.replicas, shape.prefill_replicas) * BOUND_MARGIN < q.rate:
+        elif _capacity(bound, shape.replicas, shape.prefill_replicas) * BOUND_MARGIN < q.required_rate:
             space.too_slow += 1
         else:
             space.shapes.append(shape)

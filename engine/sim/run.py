@@ -14,6 +14,7 @@ from engine.sequence import FinishReason
 from engine.serving.routing.router import AdmissionError, Router, RouterConfig
 from engine.serving.telemetry.events import EventLog
 from engine.sim.assembly import kv_transfer_s, sim_replica
+from engine.sim.clients import ClosedLoop
 from engine.sim.fleet_run import simulate_fleet
 from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
@@ -53,9 +54,18 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         )
         return Router(pool, router_config, clock, EventLog(clock), dispatch_thread=False)
 
+    hop = dep.device.front_latency_s if spec.front_on_device else 0.0  # client -> router (see SimSpec)
+    # Closed loop (--concurrency): a client sends its next request when its last one ends.
+    clients = None
+    if spec.concurrency is not None:
+        clients = ClosedLoop(spec.concurrency, loop, hop, rec.arrivals, lambda r: arrive(r))
+    ended = clients.ended if clients is not None else lambda request_id: None
+    answers = clients.answers if clients is not None else lambda request_id: None
+
     def finished(seq: Any) -> None:
         rec.finish(seq)
         streams.pop(seq.request_id, None)  # its final TokenDelta is read off the Sequence here
+        ended(seq.request_id)
 
     if spec.prefill_gpus is None:
         replicas = [new_replica(i, finished) for i in range(spec.replicas())]
@@ -68,16 +78,21 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         def decoded(seq: Any) -> None:
             rec.finish(seq, (first_tokens.pop(seq.request_id),))
             streams.pop(seq.request_id, None)
+            ended(seq.request_id)
 
         def prefilled(seq: Any) -> None:
             streams.pop(seq.request_id, None)
             left = decode_left.pop(seq.request_id)
             if left == 0 or seq.finish_reason == FinishReason.ABORT:
                 rec.finish(seq)
+                ended(seq.request_id)
                 return
             first_tokens[seq.request_id] = seq.times.first_token
             params = SamplingParams(temperature=0, max_tokens=left, ignore_eos=True)
-            streams[seq.request_id] = decode_router.submit(seq.request_id, seq.token_ids, params)  # type: ignore[union-attr]
+            events = answers(seq.request_id)
+            streams[seq.request_id] = decode_router.submit(  # type: ignore[union-attr]
+                seq.request_id, seq.token_ids, params, events=events
+            )
             decode_router.dispatch_once()  # type: ignore[union-attr]
 
         n_prefill = spec.replicas(spec.prefill_gpus)
@@ -97,9 +112,10 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
             decode_left[r.request_id], max_tokens = r.max_tokens - 1, 1
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         try:
-            streams[r.request_id] = router.submit(r.request_id, r.token_ids(vocab), params)
+            streams[r.request_id] = router.submit(r.request_id, r.token_ids(vocab), params, events=answers(r.request_id))
         except AdmissionError as err:
             refused[r.request_id] = err.reason
+            ended(r.request_id)
         router.dispatch_once()  # submit wakes the live dispatcher at once
 
     arrived = [0]
@@ -123,9 +139,11 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
             sampler.due()  # on the router's own poll, so the timeline adds no event past the run's end
         return open_requests()
 
-    hop = dep.device.front_latency_s if spec.front_on_device else 0.0  # client -> router (see SimSpec)
-    for r in requests:
-        loop.at(r.arrival + hop, lambda r=r: arrive(r))
+    if clients is not None:
+        clients.start(requests)
+    else:
+        for r in requests:
+            loop.at(r.arrival + hop, lambda r=r: arrive(r))
     loop.every(Router.DISPATCH_POLL_S, poll)
     if spec.kill_replica_at_s is not None:
         loop.at(spec.kill_replica_at_s, lambda: replicas[0].fail("replica 0 killed"))
@@ -139,6 +157,8 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         "prefill_replicas": 0 if decode_router is None else spec.replicas(spec.prefill_gpus),
         "simulated_s": clock.now(),
     }
+    if clients is not None:
+        result |= clients.figures()
     if sampler is not None:
         from engine.sim.timeline import fill_ttft
 

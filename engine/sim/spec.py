@@ -62,6 +62,10 @@ class SimSpec:
     input_range_ratio: float = 0.0
     num_requests: int = 1000
     rate: float = float("inf")
+    # Closed loop: at most this many requests in flight, each client sending its next the moment
+    # its last one ends (`vllm bench serve --max-concurrency`); with a finite rate, the rate's
+    # arrivals wait for a free client (engine/sim/clients.py). None: open loop, the rate alone.
+    concurrency: int | None = None
     burstiness: float = 1.0
     burst_factor: float = 1.0  # the rate times this for burst_s from burst_at_s (workload.Burst)
     burst_at_s: float = 0.0
@@ -132,6 +136,8 @@ class SimSpec:
         if self.group > self.gpus:
             shape = f"tensor parallel {self.tp}" + (f" x pipeline parallel {self.pp}" if self.pp > 1 else "")
             raise SimConfigError(f"{shape} needs {self.group} GPUs; --gpus is {self.gpus}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise SimConfigError(f"--concurrency {self.concurrency} must be at least 1")
         if self.front_on_device:
             device = device.with_front()
         dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype, self.pp)
