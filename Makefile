@@ -57,7 +57,7 @@ ABOVE_AVX2 = $(PY) -c 'from engine import machine as m; c = m.cpu(); raise Syste
 test: $(STAMP) $(NODE_STAMP) $(CHROMIUM) $(KERNEL_STAMP)
 	$(VENV)/bin/ruff check .
 	unit=0; $(PY) -m pytest -q -p no:cacheprovider -m unit -n auto --dist loadfile tests || unit=$$?; \
-	$(PY) -m pytest -q -p no:cacheprovider -m "not unit" tests && exit $$unit
+	$(PY) -m pytest -q -p no:cacheprovider --durations=40 -m "not unit" tests && exit $$unit
 	if $(ABOVE_AVX2); then SERVELAB_CPU_ISA=avx2 $(PY) -m pytest -q -p no:cacheprovider $(AVX2_TESTS); \
 	else echo "the CPU is AVX2 or below (or not x86): the first pass ran the AVX2 path"; fi
 

@@ -27,8 +27,10 @@ QUERY = PlanQuery(model="llama-3.1-70b", rate=10, input_tokens=1000, output_toke
 
 def vllm_parser():  # type: ignore[no-untyped-def]
     """vLLM's `vllm serve` parser, wherever this vLLM version keeps its helpers."""
-    from vllm.entrypoints.openai.cli_args import make_arg_parser
-
+    try:  # vLLM 0.32 moved the serve parser out of the OpenAI package
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[no-redef]
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:

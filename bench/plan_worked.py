@@ -56,6 +56,7 @@ def screenshot() -> None:
             page.goto(f"{server.base_url}/plan")
             page.locator("#plan-run").click()  # the page's defaults are this query
             page.wait_for_function("window.servelabPlan.plan !== null", timeout=900_000)
+            page.evaluate("window.scrollTo(0, 0)")  # the Plan button scrolled it: the sticky nav would sit mid-picture
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SCREENSHOT), full_page=True)
             browser.close()

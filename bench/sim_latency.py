@@ -20,6 +20,11 @@ Sources (cite beside each number; BENCHMARKS.md "The simulator's latency against
   closed/NVIDIA/results/DGX-H100_H100-SXM-80GBx8_TRT/llama2-70b-99.9/Server/performance/run_1/
   mlperf_log_summary.txt (its configuration file is not in the copy: v4.1's TP2 x 4 is assumed).
 
+Per row the engine's policy is what the published engine ran (no constant fitted): SGLang 0.3.0 and
+vLLM 0.6.0 put a prompt in a step of its own (EngineConfig.prefill_first), vLLM 0.6.0 ran ten decode
+steps per schedule (scheduler_steps 10), and both served the benchmark client directly (SimSpec
+central_queue False: no router in front); TensorRT-LLM's in-flight batching mixes, the default.
+
 The MLPerf rows model a 2,400-3,600 s steady run: arrivals for --seconds, and only requests that
 arrive inside the steady window [WARMUP_S, seconds - TAIL_S] count (the ramp-up and the drain are
 left out, as they are a rounding error of the real run's length). Writes bench/results/sim_latency.json.
@@ -94,6 +99,9 @@ class Row:
     note: str = ""
     assumed: bool = False  # part of the configuration is assumed, not read from the source
     kv_dtype: str | None = None
+    prefill_first: bool = False  # EngineConfig.prefill_first: prompts in a step of their own
+    scheduler_steps: int = 1  # EngineConfig.scheduler_steps: decode steps per schedule
+    central_queue: bool = True  # SimSpec.central_queue: False, requests reach the engine on arrival
 
 
 def _readme(model: str, device: str, gpus: int, engine: str, rate: int, ttft_ms: float, tpot_ms: float) -> Row:
@@ -109,7 +117,22 @@ def _readme(model: str, device: str, gpus: int, engine: str, rate: int, ttft_ms:
         # requests these rates keep in flight, so the simulator's 1,024 does not bind.
         max_num_seqs=256 if vllm else 1024, max_batched_tokens=4096 if vllm else 8192,
         chunked_prefill=not vllm, admission="greedy", published={"p50": (ttft_ms / 1e3, tpot_ms / 1e3)},
-        note="--num-scheduler-steps 10 (multi-step decoding): not modelled" if vllm else "",
+        # Both ran prompts in steps of their own. vLLM 0.6.0 without chunked prefill:
+        # vllm/core/scheduler.py _schedule_default, "Don't schedule decodes if prefills are
+        # scheduled". SGLang 0.3.0: python/sglang/srt/server_args.py `enable_mixed_chunk: bool =
+        # False`, and python/sglang/srt/managers/tp_worker.py forward_step runs a new prefill batch
+        # whenever get_new_prefill_batch returns one, the decode batch only otherwise (its
+        # num_continue_decode_steps = 10 stops after one step while a streamed request has output:
+        # `if self.out_pyobjs and self.running_batch.has_stream(): break`, stream_interval 1).
+        prefill_first=True,
+        # vLLM 0.6.0 ran --num-scheduler-steps 10 (the README's command): a decode batch runs ten
+        # steps per schedule (vllm/engine/llm_engine.py step: "Skip the scheduler if there are any
+        # remaining steps"; a prefill gets no lookahead slots, so it is a single step).
+        scheduler_steps=10 if vllm else 1,
+        # One server, the benchmark client sending to it directly: no router holding a request
+        # back while the engine has one waiting.
+        central_queue=False,
+        note="--num-scheduler-steps 10: scheduler_steps 10" if vllm else "",
     )
 
 
@@ -187,7 +210,8 @@ def run_row(row: Row, seconds: float, seed: int) -> Outcome:
         row.model, row.device, gpus=row.gpus, tp=row.tp, dtype=row.dtype, kv_dtype=row.kv_dtype or row.dtype,
         input_tokens=row.input_tokens, output_tokens=row.output_tokens, input_range_ratio=SPREAD, num_requests=n,
         rate=row.rate, max_num_seqs=row.max_num_seqs, max_batched_tokens=row.max_batched_tokens,
-        admission=row.admission, seed=seed,
+        admission=row.admission, seed=seed, prefill_first=row.prefill_first, scheduler_steps=row.scheduler_steps,
+        central_queue=row.central_queue,
     )
     spec.chunked_prefill = row.chunked_prefill
     made: list[_LatencyRecorder] = []
@@ -263,7 +287,8 @@ def main() -> None:
             "tp": row.tp, "dtype": row.dtype, "rate": row.rate, "input_tokens": row.input_tokens,
             "output_tokens": row.output_tokens, "input_range_ratio": SPREAD, "requests": o.result["completed"],
             "counted": o.counted, "max_num_seqs": row.max_num_seqs, "max_batched_tokens": row.max_batched_tokens,
-            "chunked_prefill": row.chunked_prefill, "admission": row.admission, "note": row.note,
+            "chunked_prefill": row.chunked_prefill, "admission": row.admission, "prefill_first": row.prefill_first,
+            "scheduler_steps": row.scheduler_steps, "central_queue": row.central_queue, "note": row.note,
             "group": group(row), "assumed": row.assumed,
             "running_max": o.result["running_max"], "preemptions": o.result["preemptions"],
             "kv_usage_max": o.result["kv_usage_max"], "output_tok_s": o.result["output_tok_s"], "wall_s": o.wall_s,

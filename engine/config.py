@@ -63,6 +63,16 @@ class EngineConfig:
     collective_timeout: bool = True
     # Kernels whose reduction order does not depend on the batch (a cost, not a defence).
     batch_invariant: bool = False
+    # Two scheduling policies of the 2024 Python engines, for the simulator's checks against their
+    # published runs (bench/sim_latency.py); neither is a lab lever. prefill_first: a step runs
+    # prompt work only whenever a prompt can be scheduled, else the running decodes alone (vLLM v0's
+    # default scheduler without chunked prefill, SGLang 0.3 without --enable-mixed-chunk); off, the
+    # running sequences and new prompts share every step (vLLM v1, TensorRT-LLM).
+    prefill_first: bool = False
+    # Multi-step scheduling (vLLM 0.6's --num-scheduler-steps): a decode-only batch runs this many
+    # steps before the scheduler looks again (nothing is admitted meanwhile), and the run's tokens
+    # are delivered together when it ends. A step with prompt work is always a single step.
+    scheduler_steps: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -71,7 +81,9 @@ class EngineConfig:
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidParamError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        positive_ints = ("block_size", "max_num_seqs", "max_batched_tokens", "tensor_parallel", "pipeline_parallel")
+        positive_ints = (
+            "block_size", "max_num_seqs", "max_batched_tokens", "tensor_parallel", "pipeline_parallel", "scheduler_steps",
+        )
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -88,6 +100,13 @@ class EngineConfig:
             raise InvalidParamError("admission", f"must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
         if self.starvation_s < 0:
             raise InvalidParamError("starvation_s", "must not be negative")
+        if not isinstance(self.prefill_first, bool):
+            raise InvalidParamError("prefill_first", f"must be true or false, got {self.prefill_first!r}")
+        if not self.paged and (self.prefill_first or self.scheduler_steps > 1):
+            name = "prefill_first" if self.prefill_first else "scheduler_steps"
+            raise InvalidParamError(name, "is a policy of the paged scheduler: static batches (paged=false) run whole")
+        if self.scheduler_steps > 1 and self.pipeline_parallel > 1:
+            raise InvalidParamError("scheduler_steps", "a multi-step run is one batch at a time: needs pipeline_parallel 1")
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -96,6 +96,10 @@ class LLMEngine:
         self._step_started = 0.0
         # Pipelined with overlap: the batches inside the stages, oldest first (batch, launch, began).
         self._in_flight: deque[tuple[SchedulerOutput, Any, float]] = deque()
+        # Multi-step scheduling (config.scheduler_steps): the run in progress (its number, and each
+        # member with its token count when the run began) and the outputs held until it ends.
+        self._run: tuple[int, list[tuple[Sequence, int]]] | None = None
+        self._held: list[RequestOutput] = []
 
     def _load_live(self, config: EngineConfig) -> Executor:
         """Load the weights and tokenizer, shard them, plan the KV budget, build the runner."""
@@ -217,6 +221,8 @@ class LLMEngine:
         for seq in batch.expired:  # never started: no blocks to free, nothing generated
             self._finish(seq, FinishReason.DEADLINE, now)
             outputs.append(RequestOutput(seq.request_id, [], "", True, FinishReason.DEADLINE, seq))
+        if self.config.scheduler_steps > 1:
+            outputs += self._track_run(now)
         self.last_batch = batch
         return outputs, batch
 
@@ -237,39 +243,71 @@ class LLMEngine:
             records.append(
                 step_record(batch, self.replica_id, began, self.clock.now(), cfg.max_batched_tokens, cfg.max_num_seqs, stages)
             )
-        return self._postprocess(batch, new_tokens, stream)
+        outputs = self._postprocess(batch, new_tokens, stream)
+        if self._run is None:
+            return outputs
+        # A multi-step run: its outputs are processed when its last step ends (vLLM 0.6's
+        # llm_engine.step appends a run's outputs only once no steps remain), held till then.
+        self._held += outputs
+        running = SequenceStatus.RUNNING
+        if self.scheduler.run_steps_left > 0 and any(seq.status is running for seq, _ in self._run[1]):
+            return []
+        return self._deliver_run(self.clock.now())
+
+    def _track_run(self, now: float) -> list[RequestOutput]:
+        """After a schedule, with multi-step scheduling: a run the scheduler ended early is
+        delivered now; a run it began is noted, each member with the tokens it has so far."""
+        sched = self.scheduler
+        delivered = []
+        if self._run is not None and (not sched.in_run or sched.runs_started != self._run[0]):
+            delivered = self._deliver_run(now)
+        if sched.in_run and self._run is None:
+            self._run = (sched.runs_started, [(seq, len(seq.times.tokens)) for seq in sched.run_seqs])
+        return delivered
+
+    def _deliver_run(self, now: float) -> list[RequestOutput]:
+        """The run's held outputs, every token it made (and every request it ended) stamped `now`:
+        they reach the client together, as vLLM 0.6's multi-step ITL shows (ten tokens at once)."""
+        assert self._run is not None
+        for seq, first in self._run[1]:
+            tokens = seq.times.tokens
+            tokens[first:] = [now] * (len(tokens) - first)
+            if seq.times.finished is not None:
+                seq.times.finished = now
+        held, self._held, self._run = self._held, [], None
+        return held
 
     def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool) -> list[RequestOutput]:
         now = self.clock.now()  # one reading for every token of the step: they land together
         outputs = []
         publish = self.kv.cache_full_blocks if self.kv.enable_prefix_caching else None
         text = self.tokenizer is not None  # the what-if engine has no text to make
+        # Locals for the loop below: a big what-if step runs it for a thousand sequences.
+        token_of, eos, max_len, emit_one = new_tokens.get, self.eos_token_ids, self.max_model_len, self._emit
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             if publish is not None:
                 publish(seq)
-            token = new_tokens.get(seq.request_id)
+            token = token_of(seq.request_id)
             if token is None:
                 continue
-            seq.output_token_ids.append(token)
+            output_ids = seq.output_token_ids
+            output_ids.append(token)
             times = seq.times
             if times.first_token is None:
                 times.first_token = now
             times.tokens.append(now)
-            reason = self._stop_reason(seq, token)
+            # The stop check (stop strings are checked with the text, in _new_text).
+            params = seq.params
+            if token in params.stop_token_ids or (token in eos and not params.ignore_eos):
+                reason: FinishReason | None = FinishReason.STOP
+            else:
+                k = len(output_ids)
+                reason = FinishReason.LENGTH if k >= params.max_tokens or k + len(seq.prompt_token_ids) >= max_len else None
             # Most tokens of a run nobody streams end nothing and make no text: nothing to do.
-            emit = reason or stream or text or seq.params.stop
-            if emit and (out := self._emit(seq, token, reason, now, stream)) is not None:
+            if (reason or stream or text or params.stop) and (out := emit_one(seq, token, reason, now, stream)) is not None:
                 outputs.append(out)
         return outputs
-
-    def _stop_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        """STOP or LENGTH if seq's new token ends it (stop strings are checked with the text)."""
-        params = seq.params
-        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
-            return FinishReason.STOP
-        n = len(seq.output_token_ids)
-        return FinishReason.LENGTH if n >= params.max_tokens or n + len(seq.prompt_token_ids) >= self.max_model_len else None
 
     def _emit(self, seq: Sequence, token: int, reason: FinishReason | None, now: float, stream: bool) -> RequestOutput | None:
         """Make the new text, finish seq if it ended; its output, or None when nobody reads it."""
@@ -372,10 +410,15 @@ def _find_stop(text: str, stops: list[str]) -> int | None:
     return min(hits) if hits else None
 
 
-def _token_ids(prompt_token_ids: list[int], vocab: int) -> list[int]:
+def _token_ids(prompt_token_ids: list[int] | range, vocab: int) -> list[int]:
     """The ids copied as plain ints, each checked to be an integer in [0, vocab), all in C: packing
     into 64-bit integers refuses floats, strings and huge numbers (an object with __index__, such
     as a numpy integer, counts as its value), and numpy finds the range."""
+    if isinstance(prompt_token_ids, range):  # a what-if prompt: its bounds are its ends
+        ids = prompt_token_ids
+        if len(ids) and (min(ids[0], ids[-1]) < 0 or max(ids[0], ids[-1]) >= vocab):
+            raise InvalidParamError("prompt", f"token ids must be integers in [0, {vocab})")
+        return list(ids)
     try:
         packed = array("q", prompt_token_ids)
     except (TypeError, OverflowError):

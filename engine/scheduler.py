@@ -5,6 +5,10 @@ Continuous batching (vLLM v1's idea): there are no prefill and decode phases. Ea
 1 token, a prompt is many (split into chunks when chunked prefill is on), a prefix-cache hit
 starts the counter ahead. When KV blocks run out, the newest running sequence is preempted
 (its blocks freed, recomputed later), and no new sequence is admitted in that step.
+
+Two policies of the 2024 engines, off by default (EngineConfig.prefill_first, scheduler_steps):
+prompts in steps of their own, the decodes running only when no prompt can, and multi-step runs,
+a decode batch scheduled once for N steps (_schedule_policy).
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_expired = 0  # waiters dropped at their deadline before any prefill
         self.expired_prefill_tokens = 0  # prompt tokens prefilled for requests already past it
+        # A multi-step run (EngineConfig.scheduler_steps): its decode batch, and the steps it has
+        # left after the one scheduled last.
+        self.run_seqs: list[Sequence] = []
+        self.run_steps_left = 0
+        self.runs_started = 0
+        self.in_run = False  # the batch scheduled last is a step of a run
 
     def add(self, seq: Sequence) -> None:
         seq.times.queued = self.clock.now()
@@ -65,36 +75,122 @@ class Scheduler:
     def schedule(self, max_continuing: int | None = None) -> SchedulerOutput:
         """max_continuing: at most this many running sequences go on in this batch (a pipelined
         replica splits them over its batches in flight, as vLLM v0's virtual engines did)."""
+        config = self.config
+        if config.prefill_first or config.scheduler_steps > 1:
+            return self._schedule_policy(max_continuing)
+        out, budget = self._continue_running(max_continuing)
+        if not out.preempted:
+            self._admit(out, budget)
+        return out
+
+    def _continue_running(self, max_continuing: int | None) -> tuple[SchedulerOutput, int]:
+        """The running sequences' tokens (decodes and prompt chunks), preempting the newest when KV
+        runs out; the batch and the token budget it leaves."""
         out = SchedulerOutput()
         budget = self.config.max_batched_tokens
         chunked = self.config.chunked_prefill
         seqs, counts, running, bs = out.seqs, out.num_new_tokens, SequenceStatus.RUNNING, self.kv.block_size
+        cap = len(self.running) if max_continuing is None else max_continuing
         for seq in list(self.running):  # a copy: preemption takes from the end as it goes
             if seq.status is not running or seq.in_flight:  # preempted earlier in this loop, or in a stage
                 continue
-            if max_continuing is not None and len(seqs) >= max_continuing:
+            if len(seqs) >= cap:
                 break
             done = seq.num_computed_tokens
-            remaining = seq.num_tokens - done
+            # seq.num_tokens, inlined: this loop runs for every sequence of every step
+            remaining = len(seq.prompt_token_ids) + len(seq.output_token_ids) - done
             if chunked:
-                n = min(remaining, budget)
+                n = remaining if remaining < budget else budget  # noqa: FURB136 (min() is a call, per sequence)
             else:  # without chunking a prompt runs whole; a step's first one may exceed the budget
                 n = remaining if remaining <= budget or not seqs else 0
             if n <= 0:
                 continue
-            has_room = done + n <= len(seq.block_table) * bs  # most decodes: the last block has room
-            while not (has_room or self.kv.allocate(seq, n)):
+            # Most decodes: the last block has room.
+            if done + n <= len(seq.block_table) * bs or self.kv.allocate(seq, n):
+                seqs.append(seq)
+                counts.append(n)
+                budget -= n
+                continue
+            while True:
                 # The newest that is not in a pipeline stage (seq itself at the latest).
                 victim = next(s for s in reversed(self.running) if not s.in_flight)
                 self._preempt(victim, out)
                 if victim is seq:
                     break
-            else:
-                seqs.append(seq)
-                counts.append(n)
+                if self.kv.allocate(seq, n):
+                    seqs.append(seq)
+                    counts.append(n)
+                    budget -= n
+                    break
+        return out, budget
+
+    # the policies of the 2024 engines (EngineConfig.prefill_first, scheduler_steps) ----------------
+
+    def _schedule_policy(self, max_continuing: int | None) -> SchedulerOutput:
+        """prefill_first: a step of prompt work alone whenever a prompt can be scheduled, else the
+        running decodes alone, never admitting (vLLM v0's `_schedule_default`: "Don't schedule
+        decodes if prefills are scheduled"; SGLang 0.3's forward_step without mixed chunking).
+        scheduler_steps > 1: a decode-only batch runs that many steps (vLLM 0.6's multi-step
+        scheduling); any batch with prompt work is one step (vLLM 0.6 gives a prefill no lookahead)."""
+        config = self.config
+        if self.run_steps_left > 0 and (out := self._continue_run()) is not None:
+            self.in_run = True
+            return out
+        self.in_run = False
+        if config.prefill_first:
+            out = self._prefill_step()
+            if not out.seqs:  # nothing to prefill: the decodes, nothing admitted
+                decodes, _ = self._continue_running(max_continuing)
+                decodes.expired = out.expired
+                out = decodes
+        else:
+            out, budget = self._continue_running(max_continuing)
+            if not out.preempted:
+                self._admit(out, budget)
+        steps = config.scheduler_steps
+        if steps > 1 and out.seqs and all(n == 1 and s.output_token_ids for s, n in zip(out.seqs, out.num_new_tokens)):
+            self.run_seqs = list(out.seqs)
+            self.run_steps_left = steps - 1
+            self.runs_started += 1  # the engine tells one run from the next by it
+            self.in_run = True
+        return out
+
+    def _prefill_step(self) -> SchedulerOutput:
+        """Prompt work only: the next chunk of each running prompt (chunked prefill), then new
+        prompts as the budget and the slots allow. A chunk that finds no KV room is left to the
+        decode step's loop, which preempts for it."""
+        out = SchedulerOutput()
+        budget = self.config.max_batched_tokens
+        for seq in self.running if self.config.chunked_prefill else ():  # only chunking leaves one part-done
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            if remaining <= 1 or seq.in_flight:  # a decode (or a prompt's last token): the decode step's
+                continue
+            if budget <= 0:
+                break
+            n = min(remaining, budget)
+            if self.kv.allocate(seq, n):
+                out.add(seq, n)
                 budget -= n
-        if not out.preempted:
-            self._admit(out, budget)
+        self._admit(out, budget)
+        return out
+
+    def _continue_run(self) -> SchedulerOutput | None:
+        """The next step of a multi-step run: the same decode batch less what finished, a token each,
+        nothing admitted. None ends the run early: every member finished, or one found no room for
+        its next block (vLLM reserves the run's blocks up front; here the normal step preempts)."""
+        self.run_steps_left -= 1
+        running, bs = SequenceStatus.RUNNING, self.kv.block_size
+        out = SchedulerOutput()
+        for seq in self.run_seqs:
+            if seq.status is not running:  # finished (or aborted) in an earlier step of the run
+                continue
+            if seq.num_computed_tokens + 1 > len(seq.block_table) * bs and not self.kv.allocate(seq, 1):
+                self.run_steps_left = 0
+                return None
+            out.add(seq, 1)
+        if not out.seqs:
+            self.run_steps_left = 0
+            return None
         return out
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:

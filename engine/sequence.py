@@ -40,7 +40,7 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestTimes:
     """Clock readings for one request; metrics are computed from these, never guessed.
 
@@ -88,7 +88,7 @@ class DetokenizerState:
     read_offset: int = 0
 
 
-@dataclass(eq=False)  # identity: two requests with equal fields are still two requests
+@dataclass(eq=False, slots=True)  # identity: two requests with equal fields are still two requests
 class Sequence:
     request_id: str
     prompt_token_ids: list[int]

@@ -175,3 +175,31 @@ def test_timestamps_are_recorded_in_order(llm_fp32: LLM) -> None:
     assert len(t.tokens) == len(out.token_ids) and t.tokens == sorted(t.tokens)
     assert t.ttft is not None and t.ttft > 0 and t.tpot is not None and t.e2e >= t.ttft
     assert len(t.itl) == len(out.token_ids) - 1
+
+
+def test_prefill_first_and_multi_step_change_when_tokens_land_not_which(llm_fp32: LLM) -> None:
+    """EngineConfig.prefill_first and scheduler_steps (the 2024 engines' policies) on the live
+    engine: the same greedy tokens and streamed text; a multi-step run's tokens land together,
+    stamped at its end (the prefill's token, then runs of 4, 4 and the last 3)."""
+    baseline = llm_fp32.generate(PROMPTS, GREEDY)
+    engine = llm_fp32.engine
+    config = engine.config
+    engine.config = engine.scheduler.config = config.replace(prefill_first=True, scheduler_steps=4)
+    texts, seqs = {}, {}
+    try:
+        for i, prompt in enumerate(PROMPTS):
+            engine.add_request(f"policy-{i}", prompt, GREEDY)
+        while engine.has_work():
+            for out in engine.step():
+                texts[out.request_id] = texts.get(out.request_id, "") + out.new_text
+                if out.finished:
+                    seqs[out.request_id] = out.seq
+    finally:
+        engine.config = engine.scheduler.config = config
+    for i, expected in enumerate(baseline):
+        seq = seqs[f"policy-{i}"]
+        assert seq.output_token_ids == expected.token_ids and texts[seq.request_id] == expected.text
+        stamps = seq.times.tokens
+        assert stamps[1:5] == [stamps[4]] * 4 and stamps[5:9] == [stamps[8]] * 4 and stamps[0] < stamps[4] < stamps[8]
+        assert seq.times.finished == stamps[-1]
+    assert engine.kv.num_free_blocks == engine.kv.num_blocks

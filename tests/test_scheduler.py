@@ -3,13 +3,16 @@ that caught up, as the runner would."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine.block_manager import BlockManager
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
 from engine.contiguous_allocator import ContiguousAllocator
+from engine.errors import InvalidParamError
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
-from engine.sequence import RequestTimes, Sequence
+from engine.sequence import RequestTimes, Sequence, SequenceStatus
 
 BS = 4
 
@@ -188,3 +191,95 @@ def test_a_sequence_in_a_pipeline_stage_is_neither_scheduled_nor_preempted() -> 
     b.in_flight = True
     out = sched.schedule()
     assert a in out.preempted and b not in out.preempted and b.status.name == "RUNNING"
+
+
+# The 2024 engines' policies (EngineConfig.prefill_first, scheduler_steps) -------------------------
+
+
+def policy_step(sched: Scheduler) -> dict[str, int]:
+    """fake_step, ending a sequence as the engine does (FINISHED, then removed); {id: tokens}."""
+    out = sched.schedule()
+    for s, n in zip(out.seqs, out.num_new_tokens):
+        s.num_computed_tokens += n
+        if s.num_computed_tokens == s.num_tokens:
+            s.output_token_ids.append(1)
+            if len(s.output_token_ids) >= s.params.max_tokens:
+                s.status = SequenceStatus.FINISHED
+                sched.remove(s)
+    return dict(zip([s.request_id for s in out.seqs], out.num_new_tokens))
+
+
+def test_prefill_first_runs_a_new_prompt_in_a_step_of_its_own() -> None:
+    """vLLM v0 without chunked prefill and SGLang 0.3: an arrival's prompt stalls every running
+    decode for one step; with nothing to prefill, the decodes run alone."""
+    clock = VirtualClock()
+    sched = make(max_batched_tokens=64, chunked_prefill=False, prefix_caching=False, prefill_first=True)
+    sched.add(seq("a", 3, clock))
+    assert policy_step(sched) == {"a": 3}
+    assert policy_step(sched) == {"a": 1}
+    sched.add(seq("b", 5, clock))
+    sched.add(seq("c", 6, clock))
+    assert policy_step(sched) == {"b": 5, "c": 6}  # a skips this step
+    assert policy_step(sched) == {"a": 1, "b": 1, "c": 1}
+    mixed = make(max_batched_tokens=64, chunked_prefill=False, prefix_caching=False)
+    mixed.add(seq("a", 3, clock))
+    policy_step(mixed)
+    mixed.add(seq("b", 5, clock))
+    assert policy_step(mixed) == {"a": 1, "b": 5}  # the default: the prompt joins the decodes' step
+
+
+def test_prefill_first_with_chunking_finishes_a_long_prompt_before_the_decodes_go_on() -> None:
+    clock = VirtualClock()
+    sched = make(max_batched_tokens=16, prefix_caching=False, prefill_first=True)
+    sched.add(seq("a", 3, clock))
+    policy_step(sched)
+    sched.add(seq("long", 40, clock))
+    assert [policy_step(sched) for _ in range(4)] == [{"long": 16}, {"long": 16}, {"long": 8}, {"a": 1, "long": 1}]
+
+
+def test_multi_step_runs_a_decode_batch_without_looking_at_the_queue() -> None:
+    """vLLM 0.6's --num-scheduler-steps: a decode batch runs N steps; a prompt that arrives
+    meanwhile waits for the run to end, then runs alone (a prefill is always a single step)."""
+    clock = VirtualClock()
+    sched = make(max_batched_tokens=64, chunked_prefill=False, prefix_caching=False, prefill_first=True, scheduler_steps=4)
+    sched.add(seq("a", 3, clock, max_tokens=20))
+    sched.add(seq("b", 3, clock, max_tokens=3))
+    assert policy_step(sched) == {"a": 3, "b": 3}
+    assert sched.run_steps_left == 0  # a prefill is a single step
+    assert policy_step(sched) == {"a": 1, "b": 1}  # a run of 4 begins
+    assert (sched.run_steps_left, sched.runs_started) == (3, 1)
+    sched.add(seq("c", 4, clock))
+    assert policy_step(sched) == {"a": 1, "b": 1}  # c waits; b reaches its 3 tokens here
+    assert policy_step(sched) == {"a": 1}  # the rest of the run goes on without b
+    assert policy_step(sched) == {"a": 1}
+    assert sched.run_steps_left == 0
+    assert policy_step(sched) == {"c": 4}  # the run is over: c's prompt, alone
+    assert policy_step(sched) == {"a": 1, "c": 1}
+    assert sched.runs_started == 2
+
+
+def test_a_run_whose_members_all_finished_ends_early() -> None:
+    clock = VirtualClock()
+    sched = make(max_batched_tokens=64, chunked_prefill=False, prefix_caching=False, scheduler_steps=8)
+    sched.add(seq("a", 3, clock, max_tokens=2))
+    policy_step(sched)
+    assert policy_step(sched) == {"a": 1}  # a's last token, the run's first step
+    sched.add(seq("b", 3, clock))
+    assert policy_step(sched) == {"b": 3}  # nobody left in the run: the scheduler looks again
+    assert sched.run_steps_left == 0
+
+
+@pytest.mark.parametrize(
+    ("levers", "param"),
+    [
+        ({"scheduler_steps": 0}, "scheduler_steps"),
+        ({"scheduler_steps": 2.5}, "scheduler_steps"),
+        ({"scheduler_steps": 4, "pipeline_parallel": 2}, "scheduler_steps"),
+        ({"prefill_first": True, "paged": False}, "prefill_first"),
+        ({"prefill_first": "yes"}, "prefill_first"),
+    ],
+)
+def test_the_policies_are_validated_naming_the_field(levers: dict, param: str) -> None:
+    with pytest.raises(InvalidParamError) as err:
+        EngineConfig(**levers)
+    assert err.value.param == param

@@ -7,6 +7,8 @@ import dataclasses
 
 import pytest
 
+from engine.errors import InvalidParamError
+from engine.llm_engine import _token_ids
 from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.deployment import Deployment
 from engine.sim.devices import get_device
@@ -51,3 +53,14 @@ def test_the_front_on_the_device_costs_its_cpu_per_token_and_its_hop_latency():
     served = simulate(dataclasses.replace(spec, front_on_device=True), requests)
     assert served["ttft_p50_s"] - alone["ttft_p50_s"] == pytest.approx(cpu.front_latency_s + cpu.front_token_s, rel=0.05, abs=1e-6)
     assert served["tpot_p50_s"] - alone["tpot_p50_s"] == pytest.approx(cpu.front_token_s, rel=0.05, abs=1e-6)
+
+
+def test_a_range_prompt_is_checked_by_its_ends_as_a_list_is_by_every_id() -> None:
+    assert _token_ids(range(5, 10), 100) == _token_ids(list(range(5, 10)), 100) == [5, 6, 7, 8, 9]
+    assert _token_ids(range(0), 100) == []
+    for bad in (range(95, 101), range(-1, 3), range(99, -2, -1)):
+        with pytest.raises(InvalidParamError) as err:
+            _token_ids(bad, 100)
+        assert err.value.param == "prompt"
+        with pytest.raises(InvalidParamError):
+            _token_ids(list(bad), 100)

@@ -64,12 +64,21 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--admission", choices=("greedy", "reserve"), default="greedy",
                    help="greedy: vLLM (preempt when full); reserve: TensorRT-LLM's guaranteed-no-evict")
     r.add_argument("--prefix-caching", type=_bool, default=False)
+    r.add_argument("--prefill-first", type=_bool, default=False,
+                   help="a step of prompts alone whenever one can run, else the decodes alone (vLLM v0 without "
+                        "chunked prefill, SGLang 0.3); false: prompts join the running decodes' step")
+    r.add_argument("--scheduler-steps", type=int, default=1,
+                   help="a decode-only batch runs N steps per schedule, its tokens delivered together at the end "
+                        "(vLLM 0.6's --num-scheduler-steps)")
     r.add_argument("--paged", type=_bool, default=True, help="false: static batches, contiguous max-length KV")
     r.add_argument("--block-size", type=int, default=SimSpec.block_size, help="KV block size in tokens")
     r.add_argument("--prefill-gpus", type=int, default=None, help="with --decode-gpus: disaggregated pools")
     r.add_argument("--decode-gpus", type=int, default=None)
     r.add_argument("--ttft-slo-ms", type=float, default=None)
     r.add_argument("--queue-cap", type=int, default=None, help="the router's queue bound (default: every request)")
+    r.add_argument("--central-queue", type=_bool, default=True,
+                   help="requests wait in the router until a replica has room; false: each goes to a replica on "
+                        "arrival, as a bare engine's server takes it")
     r.add_argument("--deadline-s", type=float, default=None, help="a queued request expires after this long")
     r.add_argument("--tpot-slo-ms", type=float, default=None)
     r.add_argument("--kill-replica-at", type=float, default=None, help="simulated second replica 0 fails")
@@ -93,7 +102,10 @@ def parser() -> argparse.ArgumentParser:
 
 def spec_from(args: argparse.Namespace) -> SimSpec:
     kv = args.kv_dtype or ("bf16" if args.dtype == "fp4" else args.dtype)
-    names = ("gpus", "tp", "pp", "input_tokens", "output_tokens", "num_requests", "max_num_seqs", "max_batched_tokens", "block_size")
+    names = (
+        "gpus", "tp", "pp", "input_tokens", "output_tokens", "num_requests", "max_num_seqs", "max_batched_tokens",
+        "block_size", "scheduler_steps",
+    )
     for name in names:
         if getattr(args, name) < 1:
             raise SimConfigError(f"--{name.replace('_', '-')} must be at least 1")
@@ -110,6 +122,7 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         burst_at_s=args.burst_at_s, burst_s=args.burst_s, kv_budget_mb=args.kv_budget_mb, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens, ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
         seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching, paged=args.paged,
+        prefill_first=args.prefill_first, scheduler_steps=args.scheduler_steps, central_queue=args.central_queue,
         block_size=args.block_size, queue_cap=args.queue_cap, deadline_s=args.deadline_s,
         kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
         autoscale=args.autoscale, min_replicas=args.min_replicas, max_replicas=args.max_replicas,

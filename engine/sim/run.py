@@ -11,6 +11,7 @@ from typing import Any
 from engine.clock import stopwatch
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
+from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, Router, RouterConfig
 from engine.serving.telemetry.events import EventLog
 from engine.sim.assembly import kv_transfer_s, sim_replica
@@ -52,7 +53,8 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
             queue_cap=cap or max(1, spec.num_requests), deadline_s=spec.deadline_s,
             block_size=config.block_size, max_model_len=dep.model.cfg.max_position,
         )
-        return Router(pool, router_config, clock, EventLog(clock), dispatch_thread=False)
+        defences = None if spec.central_queue else Defences(central_queue=False)
+        return Router(pool, router_config, clock, EventLog(clock), dispatch_thread=False, defences=defences)
 
     hop = dep.device.front_latency_s if spec.front_on_device else 0.0  # client -> router (see SimSpec)
     # Closed loop (--concurrency): a client sends its next request when its last one ends.

@@ -30,7 +30,7 @@ def step_shape(batch: SchedulerOutput) -> tuple[StepShape, dict[str, int]]:
         else:
             prefill_ctx += done
             prefill_attn += n * (done + (n + 1) / 2)
-        if done + n == seq.num_tokens:
+        if done + n == len(seq.prompt_token_ids) + len(seq.output_token_ids):  # seq.num_tokens, inlined
             tokens[seq.request_id] = SIM_TOKEN
     return StepShape(num_tokens, len(tokens), num_decodes, decode_ctx, prefill_attn, prefill_ctx), tokens
 

@@ -76,11 +76,20 @@ class SimSpec:
     tpot_slo_ms: float | None = None
     seed: int = 0
     admission: str = "greedy"  # engine/config.py ADMISSION_POLICIES
+    # The 2024 Python engines' scheduling (EngineConfig.prefill_first, scheduler_steps): prompt
+    # steps apart from decode steps (vLLM v0 without chunked prefill, SGLang 0.3), and a decode
+    # batch run this many steps per schedule (vLLM 0.6's --num-scheduler-steps).
+    prefill_first: bool = False
+    scheduler_steps: int = 1
     prefix_caching: bool = False  # random prompts share no prefix; hashing them only costs time
     paged: bool = True  # False: static batches over contiguous max-length KV slabs (EngineConfig.paged)
     block_size: int = 16  # KV block size in tokens (EngineConfig.block_size)
     kv_budget_mb: float | None = None  # per GPU; None: what the device's memory leaves (EngineConfig)
     queue_cap: int | None = None  # None: every request is queued (as `vllm bench serve` expects)
+    # The router's central queue (engine/serving/routing/defences.py): a request waits there until
+    # a replica has room (a free slot, KV for the prompt, no waiter of its own). False: each goes
+    # to a replica on arrival, as a bare engine's own server takes it (the published runs' setup).
+    central_queue: bool = True
     deadline_s: float | None = None
     kill_replica_at_s: float | None = None  # replica 0 fails at this simulated time
     # The live server on this machine: the HTTP front and the clients share the device's cores
@@ -126,6 +135,8 @@ class SimSpec:
             raise SimConfigError("storage bandwidth must be positive; provisioning delay and warm pool not negative")
         if self.prefill_gpus is not None:
             raise SimConfigError("autoscaling runs colocated replicas: leave out --prefill-gpus/--decode-gpus")
+        if not self.central_queue:
+            raise SimConfigError("an autoscaled fleet routes through its central queue: leave out --central-queue false")
         return self.min_replicas, most
 
     def deployment(self) -> Deployment:
@@ -138,6 +149,12 @@ class SimSpec:
             raise SimConfigError(f"{shape} needs {self.group} GPUs; --gpus is {self.gpus}")
         if self.concurrency is not None and self.concurrency < 1:
             raise SimConfigError(f"--concurrency {self.concurrency} must be at least 1")
+        if self.scheduler_steps < 1:
+            raise SimConfigError(f"--scheduler-steps {self.scheduler_steps} must be at least 1")
+        if self.scheduler_steps > 1 and (self.pp > 1 or not self.paged):
+            raise SimConfigError("--scheduler-steps above 1 runs one paged batch at a time: leave out --pp and --paged false")
+        if self.prefill_first and not self.paged:
+            raise SimConfigError("--prefill-first is a policy of the paged scheduler: leave out --paged false")
         if self.front_on_device:
             device = device.with_front()
         dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype, self.pp)
@@ -164,6 +181,7 @@ class SimSpec:
             max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
             prefix_caching=self.prefix_caching, admission=self.admission, seed=self.seed,
             paged=self.paged, block_size=self.block_size, kv_budget_mb=self.kv_budget_mb,
+            prefill_first=self.prefill_first, scheduler_steps=self.scheduler_steps,
         )
 
     def workload(self) -> list[SimRequest]:
