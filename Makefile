@@ -119,6 +119,7 @@ figures: $(STAMP) $(KERNEL_STAMP)
 
 bench-sim: $(STAMP)
 	$(PY) -m bench.sim_trtllm
+	$(PY) -m bench.sim_holdout
 	$(PY) -m bench.sim_disagg
 	$(PY) -m bench.sim_pipeline
 	$(PY) -m bench.sim_latency
