@@ -158,6 +158,10 @@ class LLMEngine:
             request_id, ids, params, RequestTimes(arrival=arrival_time if arrival_time is not None else now), priority
         )
         seq.deadline, seq.drop_if_expired = deadline, drop_if_expired
+        seq.max_output = min(params.max_tokens, self.max_model_len - len(ids))
+        eos = frozenset() if params.ignore_eos else self.eos_token_ids
+        seq.stop_ids = frozenset(params.stop_token_ids) | eos if params.stop_token_ids or eos else frozenset()
+        seq.has_stop_strings = bool(params.stop)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -283,7 +287,7 @@ class LLMEngine:
         publish = self.kv.cache_full_blocks if self.kv.enable_prefix_caching else None
         text = self.tokenizer is not None  # the what-if engine has no text to make
         # Locals for the loop below: a big what-if step runs it for a thousand sequences.
-        token_of, eos, max_len, emit_one = new_tokens.get, self.eos_token_ids, self.max_model_len, self._emit
+        token_of, emit_one, stop, length = new_tokens.get, self._emit, FinishReason.STOP, FinishReason.LENGTH
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             if publish is not None:
@@ -297,15 +301,12 @@ class LLMEngine:
             if times.first_token is None:
                 times.first_token = now
             times.tokens.append(now)
-            # The stop check (stop strings are checked with the text, in _new_text).
-            params = seq.params
-            if token in params.stop_token_ids or (token in eos and not params.ignore_eos):
-                reason: FinishReason | None = FinishReason.STOP
-            else:
-                k = len(output_ids)
-                reason = FinishReason.LENGTH if k >= params.max_tokens or k + len(seq.prompt_token_ids) >= max_len else None
+            # The stop check, from what add_request fixed (stop strings are checked with the text).
+            reason = stop if token in seq.stop_ids else length if len(output_ids) >= seq.max_output else None
             # Most tokens of a run nobody streams end nothing and make no text: nothing to do.
-            if (reason or stream or text or params.stop) and (out := emit_one(seq, token, reason, now, stream)) is not None:
+            if (reason or stream or text or seq.has_stop_strings) and (
+                out := emit_one(seq, token, reason, now, stream)
+            ) is not None:
                 outputs.append(out)
         return outputs
 

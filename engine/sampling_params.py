@@ -9,7 +9,7 @@ from engine.errors import InvalidParamError
 MAX_LOGPROBS = 20  # OpenAI's cap on top logprobs per position
 
 
-@dataclass
+@dataclass(slots=True)
 class SamplingParams:
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0

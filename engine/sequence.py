@@ -99,6 +99,14 @@ class Sequence:
     # once it has passed (the deadline_recheck defence, decided when the router dispatched it).
     deadline: float | None = None
     drop_if_expired: bool = True
+    # How the engine's per-step stop check reads this request, fixed when it is added
+    # (LLMEngine.add_request): the output length that ends it (max_tokens, or what the context
+    # leaves), the token ids that end it (stop tokens, and EOS unless ignored), and whether stop
+    # strings are to be looked for in its text. Kept on the sequence so the step loop touches
+    # one object per sequence, not its params and their lists.
+    max_output: int = 1 << 62
+    stop_ids: frozenset[int] = frozenset()
+    has_stop_strings: bool = False
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
