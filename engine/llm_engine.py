@@ -23,6 +23,7 @@ from engine.contiguous_allocator import ContiguousAllocator
 from engine.detokenizer import detokenize_step
 from engine.errors import InvalidParamError
 from engine.executor import Executor
+from engine.multi_step import HeldRun
 from engine.ranks import tp_stats
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
@@ -96,10 +97,8 @@ class LLMEngine:
         self._step_started = 0.0
         # Pipelined with overlap: the batches inside the stages, oldest first (batch, launch, began).
         self._in_flight: deque[tuple[SchedulerOutput, Any, float]] = deque()
-        # Multi-step scheduling (config.scheduler_steps): the run in progress (its number, and each
-        # member with its token count when the run began) and the outputs held until it ends.
-        self._run: tuple[int, list[tuple[Sequence, int]]] | None = None
-        self._held: list[RequestOutput] = []
+        # Multi-step scheduling (config.scheduler_steps): the run in progress, its outputs held.
+        self._run: HeldRun[RequestOutput] = HeldRun()
 
     def _load_live(self, config: EngineConfig) -> Executor:
         """Load the weights and tokenizer, shard them, plan the KV budget, build the runner."""
@@ -159,8 +158,7 @@ class LLMEngine:
         )
         seq.deadline, seq.drop_if_expired = deadline, drop_if_expired
         seq.max_output = min(params.max_tokens, self.max_model_len - len(ids))
-        eos = frozenset() if params.ignore_eos else self.eos_token_ids
-        seq.stop_ids = frozenset(params.stop_token_ids) | eos if params.stop_token_ids or eos else frozenset()
+        seq.stop_ids = frozenset(params.stop_token_ids).union(() if params.ignore_eos else self.eos_token_ids)
         seq.has_stop_strings = bool(params.stop)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
@@ -226,7 +224,7 @@ class LLMEngine:
             self._finish(seq, FinishReason.DEADLINE, now)
             outputs.append(RequestOutput(seq.request_id, [], "", True, FinishReason.DEADLINE, seq))
         if self.config.scheduler_steps > 1:
-            outputs += self._track_run(now)
+            outputs += self._run.after_schedule(self.scheduler, now)
         self.last_batch = batch
         return outputs, batch
 
@@ -248,38 +246,7 @@ class LLMEngine:
                 step_record(batch, self.replica_id, began, self.clock.now(), cfg.max_batched_tokens, cfg.max_num_seqs, stages)
             )
         outputs = self._postprocess(batch, new_tokens, stream)
-        if self._run is None:
-            return outputs
-        # A multi-step run: its outputs are processed when its last step ends (vLLM 0.6's
-        # llm_engine.step appends a run's outputs only once no steps remain), held till then.
-        self._held += outputs
-        running = SequenceStatus.RUNNING
-        if self.scheduler.run_steps_left > 0 and any(seq.status is running for seq, _ in self._run[1]):
-            return []
-        return self._deliver_run(self.clock.now())
-
-    def _track_run(self, now: float) -> list[RequestOutput]:
-        """After a schedule, with multi-step scheduling: a run the scheduler ended early is
-        delivered now; a run it began is noted, each member with the tokens it has so far."""
-        sched = self.scheduler
-        delivered = []
-        if self._run is not None and (not sched.in_run or sched.runs_started != self._run[0]):
-            delivered = self._deliver_run(now)
-        if sched.in_run and self._run is None:
-            self._run = (sched.runs_started, [(seq, len(seq.times.tokens)) for seq in sched.run_seqs])
-        return delivered
-
-    def _deliver_run(self, now: float) -> list[RequestOutput]:
-        """The run's held outputs, every token it made (and every request it ended) stamped `now`:
-        they reach the client together, as vLLM 0.6's multi-step ITL shows (ten tokens at once)."""
-        assert self._run is not None
-        for seq, first in self._run[1]:
-            tokens = seq.times.tokens
-            tokens[first:] = [now] * (len(tokens) - first)
-            if seq.times.finished is not None:
-                seq.times.finished = now
-        held, self._held, self._run = self._held, [], None
-        return held
+        return self._run.hold(outputs, self.scheduler, self.clock.now()) if self._run.active else outputs
 
     def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool) -> list[RequestOutput]:
         now = self.clock.now()  # one reading for every token of the step: they land together
