@@ -103,8 +103,18 @@ class BlockManager:
         need = blocks_for(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(table)
         if need <= 0:  # most decode steps: the last block still has room
             return True
-        if need > self.num_free_blocks:
+        empty = self.empty
+        if need > len(empty) + len(self.free_cached):
             return False
+        if 1 < need <= len(empty):  # a prompt's blocks in one slice, in the order pops would give
+            taken = empty[-need:]
+            del empty[-need:]
+            taken.reverse()
+            refs = self.ref_counts
+            for block_id in taken:
+                refs[block_id] = 1
+            table += taken
+            return True
         for _ in range(need):
             table.append(self._take_free_block())
         return True

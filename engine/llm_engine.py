@@ -255,6 +255,7 @@ class LLMEngine:
         text = self.tokenizer is not None  # the what-if engine has no text to make
         # Locals for the loop below: a big what-if step runs it for a thousand sequences.
         token_of, emit_one, stop, length = new_tokens.get, self._emit, FinishReason.STOP, FinishReason.LENGTH
+        emit_all = stream or text  # else only a token that ends its request, or may (stop strings), is emitted
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             if publish is not None:
@@ -271,7 +272,7 @@ class LLMEngine:
             # The stop check, from what add_request fixed (stop strings are checked with the text).
             reason = stop if token in seq.stop_ids else length if len(output_ids) >= seq.max_output else None
             # Most tokens of a run nobody streams end nothing and make no text: nothing to do.
-            if (reason or stream or text or seq.has_stop_strings) and (
+            if (reason or emit_all or seq.has_stop_strings) and (
                 out := emit_one(seq, token, reason, now, stream)
             ) is not None:
                 outputs.append(out)

@@ -90,11 +90,13 @@ class Scheduler:
         budget = self.config.max_batched_tokens
         chunked = self.config.chunked_prefill
         seqs, counts, running, bs = out.seqs, out.num_new_tokens, SequenceStatus.RUNNING, self.kv.block_size
-        cap = len(self.running) if max_continuing is None else max_continuing
+        add_seq, add_count = seqs.append, counts.append  # bound once: this loop runs for every sequence
+        # The cap is checked only where it can bind (a pipelined replica's share of the batch).
+        cap = max_continuing if max_continuing is not None and max_continuing < len(self.running) else None
         for seq in list(self.running):  # a copy: preemption takes from the end as it goes
             if seq.status is not running or seq.in_flight:  # preempted earlier in this loop, or in a stage
                 continue
-            if len(seqs) >= cap:
+            if cap is not None and len(seqs) >= cap:
                 break
             done = seq.num_computed_tokens
             # seq.num_tokens, inlined: this loop runs for every sequence of every step
@@ -107,8 +109,8 @@ class Scheduler:
                 continue
             # Most decodes: the last block has room.
             if done + n <= len(seq.block_table) * bs or self.kv.allocate(seq, n):
-                seqs.append(seq)
-                counts.append(n)
+                add_seq(seq)
+                add_count(n)
                 budget -= n
                 continue
             while True:

@@ -19,19 +19,20 @@ def step_shape(batch: SchedulerOutput) -> tuple[StepShape, dict[str, int]]:
     """The sums the cost model prices, and a token for every sequence that samples this step
     (read before the step runs: num_computed_tokens is each sequence's context so far)."""
     tokens: dict[str, int] = {}
-    num_tokens = num_decodes = decode_ctx = prefill_ctx = 0
+    counts = batch.num_new_tokens
+    num_decodes = counts.count(1)
+    decode_ctx = prefill_ctx = 0
     prefill_attn = 0.0
-    for seq, n in zip(batch.seqs, batch.num_new_tokens):
+    for seq, n in zip(batch.seqs, counts):
         done = seq.num_computed_tokens
-        num_tokens += n
         if n == 1:
-            num_decodes += 1
-            decode_ctx += done + 1
+            decode_ctx += done  # + 1 for each decode, added once below
         else:
             prefill_ctx += done
             prefill_attn += n * (done + (n + 1) / 2)
         if done + n == len(seq.prompt_token_ids) + len(seq.output_token_ids):  # seq.num_tokens, inlined
             tokens[seq.request_id] = SIM_TOKEN
+    num_tokens, decode_ctx = sum(counts), decode_ctx + num_decodes
     return StepShape(num_tokens, len(tokens), num_decodes, decode_ctx, prefill_attn, prefill_ctx), tokens
 
 

@@ -325,8 +325,9 @@ def prefix_keys(token_ids: list[int], block_size: int) -> list[int]:
     """One key per full block of the prompt that stands for it and every token before it: Python's
     own tuple hash, chained. The router only guesses which replica caches a prefix, so a 64-bit
     hash is enough here (5x cheaper than the block manager's blake2b, which must never collide)."""
+    ids = tuple(token_ids)  # sliced into tuples, each hashed whole (a simulated prompt is a range)
     parent, keys = 0, []
-    for i in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, *token_ids[i : i + block_size]))
+    for block in [ids[i : i + block_size] for i in range(0, len(ids) - block_size + 1, block_size)]:
+        parent = hash((parent, block))
         keys.append(parent)
     return keys
