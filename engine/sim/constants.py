@@ -42,6 +42,19 @@ GEMM_EFFICIENCY = 0.62  # BLIS calibrated H100 prefill MFU ~0.65
 ATTENTION_EFFICIENCY = 0.50  # flash-attention forward reaches about half of dense peak on Hopper
 BW_EFFICIENCY = 0.80  # AIConfigurator 0.8 (BLIS 0.72; Databricks ~0.6 at batch 1 with TP)
 LINK_EFFICIENCY = 0.70  # achieved bus bandwidth of NCCL all-reduce on NVLink, ~70% of the link
+# NVFP4 GEMMs (W4A4, Blackwell's block-scaled MMA) reach a smaller share of their dense peak than
+# BF16 does. Measured on B200 at large M: 2.95-3.04 PFLOP/s with the activations' quantisation and
+# 3.65-3.90 without (vLLM PR 20646, benchmarks/kernels/bench_nvfp4_gemm.py, Llama-3.1-8B's
+# N=6144 K=4096, M 4,096-16,384: 0.33-0.43 of 9 PF); 3.37 PF from CUTLASS at M=1,024 N=7,168
+# K=4,608 (FlashInfer PR 1979: 0.37). The middle of that range. The same vLLM run puts B200's BF16
+# at 1.36-1.42 PF, 0.60-0.63 of its peak: GEMM_EFFICIENCY's value.
+FP4_GEMM_EFFICIENCY = 0.38
+# Attention over an FP8 KV cache runs on FP8 tensor cores where the kernels do (FlashAttention-3
+# and TensorRT-LLM's FP8 FMHA on Hopper and later; vLLM docs, quantized_kvcache.md: "attention
+# operations are also performed in the quantized (FP8) domain"). FlashAttention-3 (Shah et al.,
+# 2024) on H100: FP16 "up to 740 TFLOPs/s", FP8 "close to 1.2 PFLOPs/s": its measured ratio.
+FP8_ATTENTION_SPEEDUP = 1.2 / 0.74
+FP8_ATTENTION_DEVICES = frozenset({"h100", "h200", "b200"})  # Hopper and Blackwell; not Ada's L4
 
 # Elementwise kernels between the GEMMs move activations through HBM, per token per layer, in
 # elements: two RMSNorms (read + write hidden: 4h), RoPE on q and k (read + write: 2(q + kv)),

@@ -2,9 +2,10 @@
 
 Per GPU of a TP group, for one step:
 - GEMMs: 2 FLOPs per weight per token (the LM head only for sampled rows), against the weight
-  bytes read once per step; a roofline max of the two at achieved compute and bandwidth.
+  bytes read once per step; a roofline max of the two at achieved compute (NVFP4's own, lower
+  share of its peak) and bandwidth.
 - attention: prefill chunks are compute (QK^T and PV over their context), decodes are KV bytes
-  read; each at its own roofline.
+  read; each at its own roofline (the math in FP8 over an FP8 cache on Hopper and Blackwell).
 - elementwise kernels (norms, RoPE, SwiGLU): activation bytes per token at achieved bandwidth.
 - TP: two all-reduces per layer of the step's activations, latency + ring bytes / link bandwidth.
 - host: per-step overhead, per-layer kernel launches, one sampling kernel, and per sampled row
@@ -80,7 +81,7 @@ class CostModel:
         self.shares = [n / cfg.num_layers for n in self.layers]
         self.gemm_flops = d.gemm_flops(dep.dtype)
         self.gemm_overlaps_memory = d.gemm_overlaps_memory
-        self.attn_flops = d.attention_flops
+        self.attn_flops = d.attention_flops(dep.kv_dtype)
         self.bandwidth = d.bandwidth
         # Attention FLOPs per (query token x attended token): QK^T and PV, 2 FLOPs a multiply-add,
         # over this GPU's heads in every layer.

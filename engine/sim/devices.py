@@ -25,7 +25,9 @@ class Device:
     peak_flops: dict[str, float]  # weight dtype -> dense FLOP/s of the GEMMs (bf16 always present)
     link_bw: float  # bytes/s one way, scale-up link; 0 for none
     gemm_efficiency: float = C.GEMM_EFFICIENCY
+    fp4_gemm_efficiency: float = C.FP4_GEMM_EFFICIENCY  # NVFP4's own, below BF16's (constants.py)
     attention_efficiency: float = C.ATTENTION_EFFICIENCY
+    fp8_attention: bool = False  # attention over an FP8 KV cache runs on FP8 tensor cores
     bw_efficiency: float = C.BW_EFFICIENCY
     link_efficiency: float = C.LINK_EFFICIENCY
     step_overhead_s: float = C.STEP_OVERHEAD_S
@@ -52,11 +54,14 @@ class Device:
     def gemm_flops(self, dtype: str) -> float:
         """Achieved GEMM FLOP/s for weights of dtype; a dtype without tensor cores (fp8 on A100)
         runs weight-only: its bytes shrink, its math is bf16."""
-        return self.peak_flops.get(dtype, self.peak_flops["bf16"]) * self.gemm_efficiency
+        efficiency = self.fp4_gemm_efficiency if dtype == "fp4" else self.gemm_efficiency
+        return self.peak_flops.get(dtype, self.peak_flops["bf16"]) * efficiency
 
-    @property
-    def attention_flops(self) -> float:
-        return self.peak_flops["bf16"] * self.attention_efficiency
+    def attention_flops(self, kv_dtype: str) -> float:
+        """Achieved attention FLOP/s over a KV cache of kv_dtype: BF16 math, or FP8 where the
+        device's kernels compute in FP8 (FlashAttention-3's measured FP8 / BF16 ratio)."""
+        speedup = C.FP8_ATTENTION_SPEEDUP if kv_dtype == "fp8" and self.fp8_attention else 1.0
+        return self.peak_flops["bf16"] * self.attention_efficiency * speedup
 
     @property
     def bandwidth(self) -> float:
@@ -73,7 +78,7 @@ class Device:
 def _gpu(name: str) -> Device:
     memory_gb, bw, bf16, fp8, fp4, link = C.DEVICE_TABLE[name]
     peaks = {k: v for k, v in (("bf16", bf16), ("fp8", fp8), ("fp4", fp4)) if v is not None}
-    return Device(name, memory_gb, int(memory_gb * C.GiB), bw, peaks, link)
+    return Device(name, memory_gb, int(memory_gb * C.GiB), bw, peaks, link, fp8_attention=name in C.FP8_ATTENTION_DEVICES)
 
 
 def _cpu() -> Device | None:
