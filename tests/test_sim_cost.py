@@ -139,3 +139,26 @@ def test_a_cpu_gemm_pays_for_its_weights_and_its_math_where_a_gpu_overlaps_them(
     found = calibration.load()
     assert found is not None
     assert get_device("cpu").gemm_overlaps_memory == found.data["device"].get("gemm_overlaps_memory", True)
+
+
+def test_nvfp4_gemms_run_at_their_own_measured_share_of_the_fp4_peak():
+    b200 = get_device("b200")
+    assert b200.gemm_flops("fp4") == pytest.approx(9000e12 * C.FP4_GEMM_EFFICIENCY, rel=1e-12)
+    assert b200.gemm_flops("fp8") == pytest.approx(4500e12 * C.GEMM_EFFICIENCY, rel=1e-12)
+    assert b200.gemm_flops("bf16") == pytest.approx(2250e12 * C.GEMM_EFFICIENCY, rel=1e-12)
+    # A compute-bound step (an 8,192-token prefill of 70B on one B200): fp4's GEMMs are not twice
+    # as fast as fp8's, only 2 x 0.38 / 0.62 = 1.23x.
+    shape = StepShape(8192, 1, 0, 0, 8192 * (0 + 8193 / 2), 0)
+    fp4 = CostModel(deployment("llama-3.1-70b", "b200", dtype="fp4", kv="fp8")).step(shape).gemm_s
+    fp8 = CostModel(deployment("llama-3.1-70b", "b200", dtype="fp8", kv="fp8")).step(shape).gemm_s
+    assert fp8 / fp4 == pytest.approx(2 * C.FP4_GEMM_EFFICIENCY / C.GEMM_EFFICIENCY, rel=0.01)
+
+
+@pytest.mark.parametrize(("device", "faster"), [("h100", True), ("h200", True), ("b200", True), ("a100", False), ("l4", False)])
+def test_prefill_attention_over_an_fp8_cache_runs_in_fp8_on_hopper_and_blackwell(device: str, faster: bool):
+    # A 4,096-token prompt's chunk: its attention is compute (query-key pairs), not KV bytes.
+    shape = StepShape(4096, 1, 0, 0, 4096 * (0 + 4097 / 2), 0)
+    bf16 = CostModel(deployment("llama-3.1-8b", device, kv="bf16")).step(shape).attention_s
+    fp8 = CostModel(deployment("llama-3.1-8b", device, kv="fp8")).step(shape).attention_s
+    ratio = C.FP8_ATTENTION_SPEEDUP if faster else 1.0
+    assert bf16 / fp8 == pytest.approx(ratio, rel=0.02)
