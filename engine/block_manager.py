@@ -103,20 +103,9 @@ class BlockManager:
         need = blocks_for(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(table)
         if need <= 0:  # most decode steps: the last block still has room
             return True
-        empty = self.empty
-        if need > len(empty) + len(self.free_cached):
+        if need > self.num_free_blocks:
             return False
-        if 1 < need <= len(empty):  # a prompt's blocks in one slice, in the order pops would give
-            taken = empty[-need:]
-            del empty[-need:]
-            taken.reverse()
-            refs = self.ref_counts
-            for block_id in taken:
-                refs[block_id] = 1
-            table += taken
-            return True
-        for _ in range(need):
-            table.append(self._take_free_block())
+        table += self._take_free_blocks(need)
         return True
 
     def cache_full_blocks(self, seq: Sequence) -> None:
@@ -167,6 +156,21 @@ class BlockManager:
                     self.free_cached[block_id] = None
         seq.block_table = []
         seq.num_published_blocks = 0
+
+    def _take_free_blocks(self, n: int) -> list[int]:
+        """n free blocks, in the order n calls of _take_free_block would give them: the empty
+        stack's top in one slice (a prompt's dozens of blocks), then the least recently used."""
+        empty = self.empty
+        k = min(n, len(empty))
+        taken = empty[len(empty) - k :]
+        del empty[len(empty) - k :]
+        taken.reverse()
+        refs = self.ref_counts
+        for block_id in taken:
+            refs[block_id] = 1
+        for _ in range(n - k):
+            taken.append(self._take_free_block())
+        return taken
 
     def _take_free_block(self) -> int:
         if self.empty:
