@@ -117,7 +117,7 @@ class LLMEngine:
         request_id: str,
         prompt: str | None = None,
         params: SamplingParams | None = None,
-        prompt_token_ids: list[int] | None = None,
+        prompt_token_ids: list[int] | range | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
         deadline: float | None = None,
@@ -158,7 +158,9 @@ class LLMEngine:
         )
         seq.deadline, seq.drop_if_expired = deadline, drop_if_expired
         seq.max_output = min(params.max_tokens, self.max_model_len - len(ids))
-        seq.stop_ids = frozenset(params.stop_token_ids).union(() if params.ignore_eos else self.eos_token_ids)
+        # One shared empty set for the many requests with none: every step reads it for each of them.
+        stop_ids = frozenset(params.stop_token_ids).union(() if params.ignore_eos else self.eos_token_ids)
+        seq.stop_ids = stop_ids or _NO_STOP_IDS
         seq.has_stop_strings = bool(params.stop)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
@@ -374,20 +376,27 @@ class LLMEngine:
             self.kv.enable_prefix_caching = self.config.prefix_caching
 
 
+_NO_STOP_IDS: frozenset[int] = frozenset()
+
+
 def _find_stop(text: str, stops: list[str]) -> int | None:
     hits = [i for i in (text.find(s) for s in stops) if i >= 0]
     return min(hits) if hits else None
 
 
-def _token_ids(prompt_token_ids: list[int] | range, vocab: int) -> list[int]:
-    """The ids copied as plain ints, each checked to be an integer in [0, vocab), all in C: packing
-    into 64-bit integers refuses floats, strings and huge numbers (an object with __index__, such
-    as a numpy integer, counts as its value), and numpy finds the range."""
+def _token_ids(prompt_token_ids: list[int] | range, vocab: int) -> list[int] | range:
+    """A list's ids copied as plain ints, each checked to be an integer in [0, vocab), all in C:
+    packing into 64-bit integers refuses floats, strings and huge numbers (an object with
+    __index__, such as a numpy integer, counts as its value), and numpy finds the range. A range
+    (a what-if prompt) is checked by its ends and kept as it is."""
     if isinstance(prompt_token_ids, range):  # a what-if prompt: its bounds are its ends
         ids = prompt_token_ids
         if len(ids) and (min(ids[0], ids[-1]) < 0 or max(ids[0], ids[-1]) >= vocab):
             raise InvalidParamError("prompt", f"token ids must be integers in [0, {vocab})")
-        return list(ids)
+        # As a list, each of a big what-if fleet's thousands of running prompts would be ~40 KB of
+        # int objects, and the step loops' few fields a sequence scattered among them (the copy
+        # made a 64-GPU run ~9% slower).
+        return ids
     try:
         packed = array("q", prompt_token_ids)
     except (TypeError, OverflowError):

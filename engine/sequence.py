@@ -91,7 +91,7 @@ class DetokenizerState:
 @dataclass(eq=False, slots=True)  # identity: two requests with equal fields are still two requests
 class Sequence:
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: list[int] | range  # a range: a what-if prompt (engine/sim/workload.py)
     params: SamplingParams
     times: RequestTimes
     priority: int = 0  # lower runs sooner; waiting time raises it further
@@ -137,7 +137,7 @@ class Sequence:
 
     @property
     def token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        return [*self.prompt_token_ids, *self.output_token_ids]
 
     def token_at(self, index: int) -> int:
         n = len(self.prompt_token_ids)

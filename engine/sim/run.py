@@ -6,6 +6,7 @@ replicas, clients arriving from the load generator's processes, all on one event
 
 from __future__ import annotations
 
+import queue
 from typing import Any
 
 from engine.clock import stopwatch
@@ -62,7 +63,9 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
     if spec.concurrency is not None:
         clients = ClosedLoop(spec.concurrency, loop, hop, rec.arrivals, lambda r: arrive(r))
     ended = clients.ended if clients is not None else lambda request_id: None
-    answers = clients.answers if clients is not None else lambda request_id: None
+    # Open loop, nobody reads a request's stream but take_errors: a C queue, where queue.Queue
+    # would build a lock and three Conditions for each of a big run's requests.
+    answers = clients.answers if clients is not None else lambda request_id: queue.SimpleQueue()
 
     def finished(seq: Any) -> None:
         rec.finish(seq)

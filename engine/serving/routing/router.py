@@ -38,6 +38,7 @@ from engine.serving.telemetry.traces import Outcome, RequestTraces
 log = logging.getLogger("servelab.router")
 
 PREFIX_MEMORY = 20_000  # block hashes remembered per replica for prefix-aware routing
+_NOTHING_KNOWN: dict[int, None] = {}  # a replica nothing has been sent to yet
 
 
 class AdmissionError(ServingError):
@@ -271,18 +272,23 @@ class Router:
 
     def _pick(self, request: QueuedRequest) -> Replica | None:
         prefix_aware = self.defences.prefix_aware_routing
-        hashes = self._block_hashes(request) if prefix_aware else []
-        best, best_key = None, None
-        n = len(self.replicas)
+        replicas, n = self.replicas, len(self.replicas)
         # Prefix-blind, equal loads take turns (a plain least-loaded balancer), so a shared prompt
         # lands on every replica in turn; prefix-aware, ties go to the first, as they always have.
         start = 0 if prefix_aware else self._turn
-        for offset in range(n):
-            replica = self.replicas[(start + offset) % n]
-            if not self._has_room(replica, request):
-                continue
-            known = self._prefixes.setdefault(replica.replica_id, OrderedDict())
-            cached = next((i for i, h in enumerate(hashes) if h not in known), len(hashes))
+        # Room first: a full fleet (every poll of an over-capacity queue) answers before any hashing.
+        roomy = [r for r in (replicas[(start + i) % n] for i in range(n)) if self._has_room(r, request)]
+        if not roomy:
+            return None
+        hashes = self._block_hashes(request) if prefix_aware else []
+        best, best_key = None, None
+        for replica in roomy:
+            known = self._prefixes.get(replica.replica_id, _NOTHING_KNOWN)
+            cached = 0  # the prompt's leading blocks this replica is thought to hold
+            for h in hashes:
+                if h not in known:
+                    break
+                cached += 1
             key = (cached, -replica.num_in_flight)
             if best_key is None or key > best_key:
                 best, best_key = replica, key
@@ -305,11 +311,16 @@ class Router:
         return request.block_hashes
 
     def _remember_prefix(self, replica: Replica, request: QueuedRequest) -> None:
+        """The prompt's blocks become this replica's most recently sent, the oldest forgotten."""
         known = self._prefixes.setdefault(replica.replica_id, OrderedDict())
-        for h in self._block_hashes(request):
-            known[h] = None
-            known.move_to_end(h)
-        while len(known) > PREFIX_MEMORY:
+        hashes = self._block_hashes(request)
+        if any(map(known.__contains__, hashes)):
+            for h in hashes:  # a shared prefix: its blocks move to the recent end, in order
+                known[h] = None
+                known.move_to_end(h)
+        else:  # the common case, a new prompt: appended in one call
+            known.update(dict.fromkeys(hashes))
+        for _ in range(len(known) - PREFIX_MEMORY):
             known.popitem(last=False)
 
     def _refuse(self, status: int, reason: str, message: str, **kwargs: object) -> AdmissionError:
