@@ -38,7 +38,7 @@ from engine.serving.telemetry.traces import Outcome, RequestTraces
 log = logging.getLogger("servelab.router")
 
 PREFIX_MEMORY = 20_000  # block hashes remembered per replica for prefix-aware routing
-_NOTHING_KNOWN: dict[int, None] = {}  # a replica nothing has been sent to yet
+_NOTHING_KNOWN: frozenset[int] = frozenset()  # a replica nothing has been sent to yet
 
 
 class AdmissionError(ServingError):
