@@ -8,12 +8,9 @@ while engine.has_work():
 from __future__ import annotations
 
 import logging
-from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from engine import machine
 from engine.block_manager import BlockManager, blocks_for
@@ -24,6 +21,7 @@ from engine.detokenizer import detokenize_step
 from engine.errors import InvalidParamError
 from engine.executor import Executor
 from engine.multi_step import HeldRun
+from engine.prompt_ids import checked_prompt_ids
 from engine.ranks import tp_stats
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
@@ -138,7 +136,7 @@ class LLMEngine:
             prompt_token_ids = self.tokenizer.encode(prompt)
         if not prompt_token_ids:
             raise InvalidParamError("prompt", "must not be empty")
-        ids = _token_ids(prompt_token_ids, self.model_cfg.vocab_size)
+        ids = checked_prompt_ids(prompt_token_ids, self.model_cfg.vocab_size)
         if len(ids) >= self.max_model_len:
             raise InvalidParamError("prompt", f"{len(ids)} tokens; the context holds {self.max_model_len}")
         if len(ids) + params.max_tokens > self.max_model_len:
@@ -158,9 +156,7 @@ class LLMEngine:
         )
         seq.deadline, seq.drop_if_expired = deadline, drop_if_expired
         seq.max_output = min(params.max_tokens, self.max_model_len - len(ids))
-        # One shared empty set for the many requests with none: every step reads it for each of them.
-        stop_ids = frozenset(params.stop_token_ids).union(() if params.ignore_eos else self.eos_token_ids)
-        seq.stop_ids = stop_ids or _NO_STOP_IDS
+        seq.stop_ids = frozenset(params.stop_token_ids).union(() if params.ignore_eos else self.eos_token_ids)
         seq.has_stop_strings = bool(params.stop)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
@@ -376,32 +372,6 @@ class LLMEngine:
             self.kv.enable_prefix_caching = self.config.prefix_caching
 
 
-_NO_STOP_IDS: frozenset[int] = frozenset()
-
-
 def _find_stop(text: str, stops: list[str]) -> int | None:
     hits = [i for i in (text.find(s) for s in stops) if i >= 0]
     return min(hits) if hits else None
-
-
-def _token_ids(prompt_token_ids: list[int] | range, vocab: int) -> list[int] | range:
-    """A list's ids copied as plain ints, each checked to be an integer in [0, vocab), all in C:
-    packing into 64-bit integers refuses floats, strings and huge numbers (an object with
-    __index__, such as a numpy integer, counts as its value), and numpy finds the range. A range
-    (a what-if prompt) is checked by its ends and kept as it is."""
-    if isinstance(prompt_token_ids, range):  # a what-if prompt: its bounds are its ends
-        ids = prompt_token_ids
-        if len(ids) and (min(ids[0], ids[-1]) < 0 or max(ids[0], ids[-1]) >= vocab):
-            raise InvalidParamError("prompt", f"token ids must be integers in [0, {vocab})")
-        # As a list, each of a big what-if fleet's thousands of running prompts would be ~40 KB of
-        # int objects, and the step loops' few fields a sequence scattered among them (the copy
-        # made a 64-GPU run ~9% slower).
-        return ids
-    try:
-        packed = array("q", prompt_token_ids)
-    except (TypeError, OverflowError):
-        packed = None
-    values = np.frombuffer(packed, dtype=np.int64) if packed else None
-    if values is None or values.min() < 0 or values.max() >= vocab:
-        raise InvalidParamError("prompt", f"token ids must be integers in [0, {vocab})")
-    return packed.tolist()

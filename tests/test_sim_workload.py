@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from engine.errors import InvalidParamError
-from engine.llm_engine import _token_ids
+from engine.prompt_ids import checked_prompt_ids
 from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.deployment import Deployment
 from engine.sim.devices import get_device
@@ -56,12 +56,12 @@ def test_the_front_on_the_device_costs_its_cpu_per_token_and_its_hop_latency():
 
 
 def test_a_range_prompt_is_checked_by_its_ends_as_a_list_is_by_every_id() -> None:
-    assert list(_token_ids(range(5, 10), 100)) == _token_ids(list(range(5, 10)), 100) == [5, 6, 7, 8, 9]
-    assert list(_token_ids(range(0), 100)) == []
-    assert isinstance(_token_ids(range(5, 10), 100), range)  # kept compact: a big fleet runs thousands
+    assert list(checked_prompt_ids(range(5, 10), 100)) == checked_prompt_ids(list(range(5, 10)), 100) == [5, 6, 7, 8, 9]
+    assert list(checked_prompt_ids(range(0), 100)) == []
+    assert isinstance(checked_prompt_ids(range(5, 10), 100), range)  # kept compact: a big fleet runs thousands
     for bad in (range(95, 101), range(-1, 3), range(99, -2, -1)):
         with pytest.raises(InvalidParamError) as err:
-            _token_ids(bad, 100)
+            checked_prompt_ids(bad, 100)
         assert err.value.param == "prompt"
         with pytest.raises(InvalidParamError):
-            _token_ids(list(bad), 100)
+            checked_prompt_ids(list(bad), 100)

@@ -21,7 +21,7 @@ class SimRequest:
         """Distinct prompts (no shared prefix, as vLLM's random dataset): a run of ids from a
         per-request start. The cost model reads lengths only, so the ids need no RNG draws. The
         run is a range: 48 bytes however long, where a list is 8 KB of pointers a prompt, and an
-        over-capacity run queues 70,000 of them (the engine keeps it a range: LLMEngine._token_ids)."""
+        over-capacity run queues 70,000 of them (the engine keeps it a range: engine/prompt_ids.py)."""
         start = 100 + (int(self.request_id) * 7919) % max(1, vocab - self.prompt_len - 200)
         return range(start, start + self.prompt_len)
 

@@ -314,12 +314,9 @@ class Router:
         """The prompt's blocks become this replica's most recently sent, the oldest forgotten."""
         known = self._prefixes.setdefault(replica.replica_id, OrderedDict())
         hashes = self._block_hashes(request)
-        if any(map(known.__contains__, hashes)):
-            for h in hashes:  # a shared prefix: its blocks move to the recent end, in order
-                known[h] = None
-                known.move_to_end(h)
-        else:  # the common case, a new prompt: appended in one call
-            known.update(dict.fromkeys(hashes))
+        for h in hashes:  # a shared head leaves its old place...
+            known.pop(h, None)
+        known.update(dict.fromkeys(hashes))  # ...and every block joins the recent end, in prompt order
         for _ in range(len(known) - PREFIX_MEMORY):
             known.popitem(last=False)
 
