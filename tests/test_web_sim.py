@@ -159,6 +159,9 @@ def test_the_plan_page_draws_the_frontier_hovers_a_shape_and_a_click_opens_it_in
 ) -> None:
     open_lab(page, server)  # the instructor's token, kept in this browser for the lab the click opens
     page.goto(f"{server.base_url}/plan")
+    # The "how accurate" note reads bench/sim_latency.py's record: the medians' errors and the step's alone.
+    expect(page.locator("#plan-accuracy table")).to_contain_text("rows with a known configuration")
+    expect(page.locator("#plan-accuracy-step")).to_contain_text("decode step alone")
     form = page.locator("#plan-form")
     form.locator("[name=model]").select_option("llama-3.1-8b")
     for name, value in {"rate": "8", "input_tokens": "400", "output_tokens": "60", "ttft_slo_ms": "300", "tpot_slo_ms": "20",

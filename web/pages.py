@@ -104,7 +104,8 @@ def _latency_accuracy() -> dict | None:
     path = ROOT / "bench" / "results" / "sim_latency.json"
     try:
         result = json.loads(path.read_text())
-        return {"date": result["date"], "command": result["command"], "mape": result["mape_p50_percent"]}
+        return {"date": result["date"], "command": result["command"], "mape": result["mape_p50_percent"],
+                "itl_mape": result.get("itl_mape_p50_percent")}
     except (OSError, ValueError, KeyError):
         return None
 
