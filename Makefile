@@ -56,6 +56,7 @@ ABOVE_AVX2 = $(PY) -c 'from engine import machine as m; c = m.cpu(); raise Syste
 # test at a time (their latency tests measure alone); both run, and either failing fails the target.
 test: $(STAMP) $(NODE_STAMP) $(CHROMIUM) $(KERNEL_STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m web.lessons check
 	unit=0; $(PY) -m pytest -q -p no:cacheprovider -m unit -n auto --dist loadfile tests || unit=$$?; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=40 -m "not unit" tests && exit $$unit
 	if $(ABOVE_AVX2); then SERVELAB_CPU_ISA=avx2 $(PY) -m pytest -q -p no:cacheprovider $(AVX2_TESTS); \
@@ -65,6 +66,7 @@ test: $(STAMP) $(NODE_STAMP) $(CHROMIUM) $(KERNEL_STAMP)
 # a test file per worker on every core; `make test` runs every tier and is what CI runs.
 test-fast: $(STAMP) $(KERNEL_STAMP)
 	$(VENV)/bin/ruff check .
+	$(PY) -m web.lessons check
 	$(PY) -m pytest -q -p no:cacheprovider -m unit -n auto --dist loadfile tests
 
 # vLLM's CPU guide asks for tcmalloc preloaded; ServeLab's bench gets the same allocator, Debian's

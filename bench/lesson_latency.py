@@ -59,6 +59,7 @@ def run_card(lab: Any, levers: dict[str, Any], seconds: float) -> dict[str, Any]
         "client_ttft_p50_s": last["client_ttft_p50"],
         "client_ttft_p99_s": last["client_ttft_p99"],
         "queue_time_p50_s": last["queue_time_p50"],
+        "itl_p99_s": last["itl_p99"],
         "max_ttft_p50_s": top("ttft_p50"),
         "queue_depth_max": top("queue_depth"),
         "queue_full_at_s": next(

@@ -241,6 +241,7 @@
         const result = await post(`/whatif/lesson/${atScale.dataset.step}?index=${btn.dataset.atScale}`, null, status);
         render($("#at-scale-results"), result);
         status.textContent = result.title + ": " + result.watch;
+        btn.dispatchEvent(new CustomEvent("servelab-result")); // a prediction asked first answers now (predict.js)
       } catch (err) {
         status.classList.add("error");
         status.textContent = err.message;

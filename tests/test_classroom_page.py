@@ -204,7 +204,7 @@ def test_a_class_flood_sends_from_every_student_browser(classroom: dict[str, Any
 
 def test_a_class_prediction_collects_guesses_then_every_page_watches(classroom: dict[str, Any]) -> None:
     teacher, students = classroom["teacher"], classroom["students"]
-    card = predict_cards(LessonLibrary().step(4).meta)[0]
+    card = predict_cards(LessonLibrary().step(4).meta, numbers=False)[0]  # a class answers by option
     press(teacher.locator("[data-ask='0']"))
     for i, page in enumerate(students):
         expect(page.locator("#predict-question")).to_have_text(card.question)
@@ -225,8 +225,9 @@ def test_a_prediction_card_asks_before_its_levers_change(server: ServerProcess, 
     context, page = new_page(browser)
     page.goto(f"{server.base_url}/steps/4?token={TOKEN}")
     wait(page, "window.servelab && window.servelab.role === 'instructor' && window.servelab.snapshots > 0")
-    press(page.locator("#apply-preset"))  # the step's own levers: 3 requests a second, 64 slots
-    wait(page, "window.servelab.lab.levers.max_num_seqs === 64 && window.servelab.lab.levers.request_rate === 3")
+    press(page.locator("#apply-preset"))  # the step's own levers: half this machine's capacity, 64 slots
+    rate = lesson.meta["levers"]["request_rate"]  # resolved from the figures the page shows
+    wait(page, "window.servelab.lab.levers.max_num_seqs === 64 && window.servelab.lab.levers.request_rate === arg", rate)
     press(page.locator("#traffic-start"))
     wait(page, "window.servelab.lab.traffic.running")
     time.sleep(6)  # a baseline of snapshots under the step's traffic
@@ -252,5 +253,39 @@ def test_a_prediction_card_asks_before_its_levers_change(server: ServerProcess, 
     assert after > before, (before, after)  # the lesson's answer ("climbs") is what the live engine did
     assert page.errors == []  # type: ignore[attr-defined]
     press(page.locator("#traffic-stop"))  # last in the file: what it queued drains after the module's classroom tests
+    assert emit(page, "set_levers", {"max_num_seqs": 16, "request_rate": 1.0})["ok"]
+    context.close()
+
+
+def test_a_numeric_prediction_is_typed_then_scored_against_the_measurement(server: ServerProcess, browser: Browser) -> None:
+    lesson = LessonLibrary().step(4)
+    card = next(c for c in predict_cards(lesson.meta) if c.tolerance is not None)  # "Single file": tokens/s
+    levers = lesson.meta[card.kind][card.index]["levers"]
+    context, page = new_page(browser)
+    page.goto(f"{server.base_url}/steps/4?token={TOKEN}")
+    wait(page, "window.servelab && window.servelab.role === 'instructor' && window.servelab.snapshots > 0")
+    press(page.locator("#apply-preset"))
+    wait(page, "window.servelab.lab.levers.max_num_seqs === 64")
+    press(page.locator("#traffic-start"))
+    wait(page, "window.servelab.lab.traffic.running")
+    time.sleep(6)
+    press(page.locator(f"button[data-kind={card.kind}][data-scenario='{card.index}']"))
+    box = page.locator(".predict-box")
+    expect(box.locator(".predict-question")).to_contain_text(card.question.split("?")[0][:40])
+    assert box.locator(".predict-option").count() == 0  # a number, typed: no options
+    time.sleep(2)
+    assert page.evaluate("window.servelab.lab.levers.max_num_seqs") == 64  # asked, not applied
+    box.locator(".predict-number input").fill("30")
+    press(box.locator(".predict-number button"))
+    wait(page, "window.servelab.lab.levers.max_num_seqs === arg", levers["max_num_seqs"], 60)
+    result = box.locator(".predict-result.done")
+    expect(result).to_have_count(1, timeout=(card.settle_s + 30) * 1000)
+    expect(result).to_contain_text("Your guess: 30.00")
+    expect(result).to_contain_text(f"within ±{round(card.tolerance * 100)}%")
+    after = float(result.get_attribute("data-after") or "nan")
+    assert after > 0, after  # a measured tokens/s came back to score against
+    assert (result.get_attribute("data-right") == "true") == (abs(30 - after) <= card.tolerance * after)
+    assert page.errors == []  # type: ignore[attr-defined]
+    press(page.locator("#traffic-stop"))
     assert emit(page, "set_levers", {"max_num_seqs": 16, "request_rate": 1.0})["ok"]
     context.close()

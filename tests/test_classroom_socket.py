@@ -233,7 +233,9 @@ def test_a_class_prediction_collects_guesses_then_applies_the_cards_levers(
     counts = instructor.states[-1]["predict"]["counts"]
     assert counts[card.answer] == 1 and sum(counts) == 2  # the instructor sees the distribution of guesses
     ack = instructor.call("class_predict", {"action": "apply"})
-    assert ack["ok"] and ack["levers"]["max_num_seqs"] == 4
+    levers = LessonLibrary().step(4).meta[card.kind][card.index]["levers"]  # the card's, resolved
+    assert ack["ok"] and ack["levers"]["max_num_seqs"] == levers["max_num_seqs"]
+    assert ack["levers"]["request_rate"] == pytest.approx(levers["request_rate"])
     wait_until(lambda: applied)
     assert applied[0]["correct"] == card.answer and applied[0]["card"]["metric"] == card.metric
     late = bob.call("class_answer", {"kind": "predict", "index": 0})

@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
+
 from bench.figures import compare, merge
 from engine.sim import calibration
 from web.figures import GROUPS, PLACEHOLDER, REFERENCE, SPECS, FigureBook
@@ -32,7 +34,33 @@ def test_every_placeholder_names_a_figure_and_the_reference_holds_every_figure()
     for path in LESSONS_DIR.glob("*.md"):  # every lesson renders with the reference alone
         lesson, errors = parse_lesson(path, FigureBook(REFERENCE, Path("/nonexistent"), THIS))
         assert lesson is not None, errors
-        assert "{{fig:" not in lesson.problem_html + lesson.body_html + json.dumps(lesson.meta)
+        rendered = lesson.problem_html + lesson.body_html + json.dumps(lesson.meta)
+        assert "{{" not in rendered and "\ue000" not in rendered and "not measured yet" not in rendered, path.name
+
+
+def test_every_lesson_sizes_its_cards_from_the_figures_it_shows(tmp_path: Path) -> None:
+    """With no figures of its own a machine's pages resolve `Nx capacity` from the reference's
+    (and say so); once `make figures` has measured it, from its own: a machine half as fast gets
+    cards at half the rate, and its pages say "this machine"."""
+    reference = json.loads(REFERENCE.read_text())["groups"]
+    local = tmp_path / "local.json"
+    slower = {name: group(THIS, {k: v / 2 if k.endswith(("_tok_s", "_req_s")) else v * 2 if k.endswith(("_ms", "_s")) else v
+                                 for k, v in entry["figures"].items()}) for name, entry in reference.items()}  # fmt: skip
+    merge(local, slower)
+    as_reference = {l.step: l for l in LessonLibrary(LESSONS_DIR, FigureBook(REFERENCE, tmp_path / "none.json", THIS)).lessons()}
+    as_here = {l.step: l for l in LessonLibrary(LESSONS_DIR, FigureBook(REFERENCE, local, THIS)).lessons()}
+    sized = 0
+    for step, lesson in as_here.items():
+        cards = zip(lesson.meta["scenarios"] + lesson.meta["failure_modes"],
+                    as_reference[step].meta["scenarios"] + as_reference[step].meta["failure_modes"], strict=True)  # fmt: skip
+        for here, there in cards:
+            for key in here.get("relative", {}):
+                sized += 1
+                assert here["levers"][key] == pytest.approx(there["levers"][key] / 2, rel=0.05, abs=0.011), (step, here["title"])
+        if lesson.figures:
+            assert all("this machine" in line for line in lesson.provenance), lesson.provenance
+            assert not any("this machine" in line for line in as_reference[step].provenance)
+    assert sized >= 8  # the load-dependent cards of the course are sized to the machine
 
 
 def test_a_foreign_figure_names_its_machine_and_this_machines_replaces_it(tmp_path: Path) -> None:

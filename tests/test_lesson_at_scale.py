@@ -47,6 +47,7 @@ AT_SCALE = """\
 at_scale:
   - title: TP4 against TP8
     watch: The TTFT rows.
+    predict: {question: "Which has the lower TTFT p99?", options: [TP4, TP8], answer: 1}
     experiment:
       traffic: {request_rate: 20.0}
       a: {label: TP4, model: llama-3.1-70b, gpu_count: 8, tensor_parallel: 4}
@@ -59,10 +60,11 @@ at_scale:
 @pytest.mark.parametrize(
     ("change", "words", "offset"),
     [
-        (("tensor_parallel: 8}", "tensor_parallel: 3}"), "b.tensor_parallel", 6),  # not a TP degree
-        (("gpu_count: 8, tensor_parallel: 4", "gpu_count: 1, tensor_parallel: 1"), "141 GB", 5),  # does not fit
-        (("{label: TP8, ", "{"), "side b needs a label", 6),
-        (("side: a, key", "side: c, key"), "a quote needs side", 8),
+        (("tensor_parallel: 8}", "tensor_parallel: 3}"), "b.tensor_parallel", 7),  # not a TP degree
+        (("gpu_count: 8, tensor_parallel: 4", "gpu_count: 1, tensor_parallel: 1"), "141 GB", 6),  # does not fit
+        (("{label: TP8, ", "{"), "side b needs a label", 7),
+        (("side: a, key", "side: c, key"), "a quote needs side", 9),
+        (("options: [TP4, TP8], answer: 1", "options: [TP4, TP8], answer: 2"), "answer must be one of its options", 3),
         (("watch: The TTFT rows.", "watch: ''"), "needs a non-empty watch", 2),
     ],
 )

@@ -30,6 +30,7 @@ GOOD = textwrap.dedent(
       - title: A burst
         levers: {burstiness: 0.3}
         watch: The queue_depth chart fills, then drains.
+        predict: {question: "How deep does the queue get?", metric: queue_depth, tolerance: 0.5}
     decision:
       question: Traffic is spiky and GPUs are fixed. What absorbs it?
       options:
@@ -48,6 +49,10 @@ GOOD = textwrap.dedent(
     # The queue
 
     Body text with **bold**.
+
+    ## Sources
+
+    - The serving guide's step 2.
     """
 )
 
@@ -75,13 +80,13 @@ def test_shipped_lessons_are_valid_and_cover_every_step() -> None:
         (("  queue_cap: 8", "  queue_cap: -1"), 7, "queue_cap"),
         (("charts: [queue_depth, rejected]", "charts: [queue_depth, vibes]"), 8, "unknown chart 'vibes'"),
         (("step: 2", "step: 3"), 2, "does not match"),
-        (("      correct: false", "      correct: true"), 15, "exactly one option"),
+        (("      correct: false", "      correct: true"), 16, "exactly one option"),
         (("    watch: The queue_depth chart fills, then drains.", "    watch: ''"), 12, "watch"),
         (("title: Put a queue in front", "title: [unclosed"), 3, "YAML"),
-        (("failure_modes:", "failure_mode:"), 22, "unknown field"),
+        (("failure_modes:", "failure_mode:"), 23, "unknown field"),
         # A Break it card's levers must be levers, and the step's defence levers must all be used.
-        (("{queue_cap: 10000, queue_bound", "{queue_kap: 10000, queue_bound"), 24, "unknown lever 'queue_kap'"),
-        ((", central_queue: false}", "}"), 22, "defence lever 'central_queue' of step 2"),
+        (("{queue_cap: 10000, queue_bound", "{queue_kap: 10000, queue_bound"), 25, "unknown lever 'queue_kap'"),
+        ((", central_queue: false}", "}"), 23, "defence lever 'central_queue' of step 2"),
     ],
 )
 def test_mistakes_point_at_their_line(tmp_path: Path, change: tuple[str, str], line: int, words: str) -> None:
@@ -105,8 +110,8 @@ def test_break_it_cards_use_the_defence_levers_of_their_step(tmp_path: Path) -> 
     bad = write(tmp_path, GOOD.replace("central_queue: false}", "central_queues: false}"), "02-bad.md")
     errors = parse_lesson(bad)[1]
     assert [(e.line, e.message) for e in errors] == [
-        (24, "unknown lever 'central_queues'"),
-        (22, "no Break it card sets the defence lever 'central_queue' of step 2"),
+        (25, "unknown lever 'central_queues'"),
+        (23, "no Break it card sets the defence lever 'central_queue' of step 2"),
     ]
     assert check_table() == []
 

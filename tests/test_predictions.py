@@ -1,5 +1,5 @@
 """The lesson validator's checks of a card's `predict` (web/predictions.py through web/lessons.py):
-each mistake is reported at its line, and every lesson carries at least one prediction."""
+each mistake is reported at its line, and every card of every lesson carries a prediction."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_lessons import GOOD as GOOD_LESSON
 from web.lessons import LESSONS_DIR, parse_lesson
 from web.predictions import PREDICT_METRICS, check_predict, predict_cards
 
@@ -19,30 +20,31 @@ GOOD = {
 
 
 def lesson_with(tmp_path: Path, predict: str | None) -> Path:
-    """Lesson 1 with its first scenario's prediction replaced (or removed, with None)."""
-    text = (LESSONS_DIR / "01-router.md").read_text()
-    start = text.index("    predict:\n")
-    end = text.index("  - title:", start)
+    """The test lesson with its Break it card's prediction replaced (or removed, with None)."""
+    text = GOOD_LESSON
+    start = text.index("    predict: {question: \"What does TTFT do?\"")
+    end = text.index("\n", start) + 1
     text = text[:start] + (predict or "") + text[end:]
-    path = tmp_path / "01-router.md"
+    path = tmp_path / "02-queue.md"
     path.write_text(text)
     return path
 
 
-def test_every_lesson_carries_a_valid_prediction() -> None:
+def test_every_card_of_every_lesson_carries_a_valid_prediction() -> None:
     for path in sorted(LESSONS_DIR.glob("*.md")):
         lesson, errors = parse_lesson(path)
         assert lesson is not None, errors
         cards = predict_cards(lesson.meta)
-        assert cards, path.name
+        assert len(cards) == len(lesson.meta["scenarios"]) + len(lesson.meta["failure_modes"]), path.name
         for card in cards:
-            assert card.metric in PREDICT_METRICS and 0 <= card.answer < len(card.options)
+            assert card.metric in PREDICT_METRICS
+            assert 0 <= card.answer < len(card.options) if card.tolerance is None else card.options == []
 
 
-def test_a_lesson_without_any_prediction_is_refused(tmp_path: Path) -> None:
+def test_a_card_without_a_prediction_is_refused(tmp_path: Path) -> None:
     lesson, errors = parse_lesson(lesson_with(tmp_path, None))
     assert lesson is None
-    assert any("must carry a predict" in str(e) for e in errors), errors
+    assert any("failure_modes[0] ('Unbounded queue') asks no prediction" in str(e) for e in errors), errors
 
 
 @pytest.mark.parametrize(
@@ -76,6 +78,17 @@ def test_each_mistake_in_a_prediction_is_named_at_its_line(tmp_path: Path, predi
     assert lesson is None
     line = path.read_text().splitlines().index(predict.rstrip("\n")) + 1
     assert any(words in e.message and e.line == line for e in errors), (line, [str(e) for e in errors])
+
+
+def test_a_number_is_scored_within_its_tolerance_and_the_classroom_gets_only_choices() -> None:
+    number = {"question": "TTFT p50, in seconds?", "metric": "ttft_p50", "tolerance": 0.5}
+    assert check_predict(number) == []
+    meta = {"scenarios": [{"title": "n", "predict": number}, {"title": "c", "predict": GOOD}], "failure_modes": []}
+    cards = predict_cards(meta)
+    assert [(c.title, c.tolerance, c.options, c.answer) for c in cards] == [("n", 0.5, [], -1), ("c", None, ["climbs", "falls"], 0)]
+    assert cards[0].view()["tolerance"] == 0.5
+    assert [c.title for c in predict_cards(meta, numbers=False)] == ["c"]
+    assert any("takes no options" in m for _, m in check_predict(number | {"options": ["a", "b"]}))
 
 
 def test_the_answer_may_be_the_option_text_and_the_settle_time_defaults() -> None:

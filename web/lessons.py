@@ -1,12 +1,15 @@
 """Lessons: `lessons/NN-slug.md`, YAML front matter plus a markdown body.
 
-`python -m web.lessons check [FILES]` validates every lesson and prints `file:line: message` for
-each mistake (exit 1 if any). The body renders with markdown-it-py and is sanitised with nh3, so
-a lesson holding <script> or a javascript: link renders harmless. LessonLibrary re-reads a file
-when its modification time changes, so an edited lesson shows on the next page load."""
+`python -m web.lessons check [FILES]` validates every lesson (web/lesson_checks.py's rules, the
+placeholders and the number rule of web/lesson_text.py) and prints `file:line: message` for each
+mistake (exit 1 if any). Rates written relative to capacity resolve here from the figures the page
+shows (web/sizing.py). The body renders with markdown-it-py and is sanitised with nh3, so a lesson
+holding <script> or a javascript: link renders harmless. LessonLibrary re-reads a file when its
+modification time changes, so an edited lesson shows on the next page load."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -17,11 +20,23 @@ import nh3
 import yaml
 from markdown_it import MarkdownIt
 
-from engine.errors import InvalidParamError
 from engine.levers import LEVERS
-from web.failures import failures_for_step
 from web.figures import Figure, FigureBook, provenance
-from web.predictions import check_predict
+from web.glossary import Metric, used_in
+from web.lesson_checks import (
+    CARD_KINDS,
+    Checker,
+    LessonError,
+    check_body,
+    check_definitions,
+    check_front,
+    check_numbers,
+    index_lines,
+    quoted_values,
+)
+from web.lesson_text import fill_levers, lever_text, render
+from web.sizing import NEEDS as CAPACITY_FIGURES
+from web.sizing import fit, relative_factor, resolve_rates
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
 CHARTS = {  # the live charts a lesson may name, with the title a page gives each
@@ -46,18 +61,7 @@ CHARTS = {  # the live charts a lesson may name, with the title a page gives eac
 TRACE_CHARTS = frozenset({"swimlanes", "batch_steps", "stage_steps"})  # the charts above that are not Plotly series
 # The charts only an engine of ours can feed: the traces, and the pipeline stages' busy time.
 OWN_ENGINE_CHARTS = TRACE_CHARTS | {"stage_idle"}
-FILE_NAME = re.compile(r"^(\d\d)-[a-z0-9-]+\.md$")
 _markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
-
-
-@dataclass
-class LessonError:
-    path: Path
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
 
 
 @dataclass
@@ -68,6 +72,7 @@ class Lesson:
     mtime: float = 0.0
     problem_html: str = ""  # the body's first section (its problem statement), shown above the charts
     figures: list[Figure] = field(default_factory=list)  # the measured figures it quotes
+    metrics: list[Metric] = field(default_factory=list)  # the metrics its page names (its glossary)
 
     @property
     def step(self) -> int:
@@ -78,29 +83,20 @@ class Lesson:
         return provenance(self.figures)
 
 
-@dataclass
-class _Checker:
-    path: Path
-    lines: dict[tuple, int]  # front-matter path -> 1-based file line
-    errors: list[LessonError] = field(default_factory=list)
-
-    def fail(self, where: tuple, message: str) -> None:
-        while where and where not in self.lines:
-            where = where[:-1]
-        self.errors.append(LessonError(self.path, self.lines.get(where, 1), message))
-
-
 def parse_lesson(path: Path, book: FigureBook | None = None) -> tuple[Lesson | None, list[LessonError]]:
     raw = path.read_text(encoding="utf-8")
-    text, figures, unknown = (book or FigureBook()).render(raw)
-    if unknown:
-        return None, [LessonError(path, raw[: raw.find("{{fig:" + name)].count("\n") + 1,
-                                  f"no measured figure named {name!r} (web/figures.py SPECS)") for name in unknown]  # fmt: skip
-    if not text.startswith("---\n"):
+    if not raw.startswith("---\n"):
         return None, [LessonError(path, 1, "a lesson starts with '---' and YAML front matter")]
-    end = text.find("\n---\n", 4)
-    if end < 0:
+    front_end = raw.find("\n---\n", 4)
+    if front_end < 0:
         return None, [LessonError(path, 1, "the front matter has no closing '---'")]
+    book = book or FigureBook()
+    figures = book.figures()
+    rendered = render(raw, figures, front_end + 5)
+    if rendered.errors:
+        return None, [LessonError(path, line, message) for line, message in rendered.errors]
+    text = rendered.text
+    end = text.find("\n---\n", 4)
     front, body = text[4:end], text[end + 5 :]
     try:
         node = yaml.compose(front, Loader=yaml.SafeLoader)
@@ -110,14 +106,74 @@ def parse_lesson(path: Path, book: FigureBook | None = None) -> tuple[Lesson | N
         line = getattr(mark, "line", 0) + 2
         return None, [LessonError(path, line, f"YAML: {getattr(err, 'problem', err)}")]
     lines: dict[tuple, int] = {}
-    _index_lines(node, (), lines)
-    checker = _Checker(path, lines)
-    _check(meta, checker)
+    index_lines(node, (), lines)
+    checker = Checker(path, lines, frozenset(CHARTS))
+    check_front(meta, checker)
+    check_body(raw, body, raw.count("\n", 0, front_end + 5) + 1, checker)
+    if isinstance(meta, dict):
+        check_numbers(raw, front_end, quoted_values(meta), checker)
+    relative = not checker.errors and _relative_levers(meta)
+    if not checker.errors:
+        try:
+            body = _resolve(meta, body, {name: fig.value for name, fig in figures.items()})
+        except KeyError as err:
+            checker.fail(("levers",), f"a rate relative to capacity needs the measured figure {err.args[0]} (make figures)")
     if checker.errors:
         return None, checker.errors
     problem, rest = _split_first_section(body)
     problem_html, html = (nh3.clean(_markdown.render(part), url_schemes={"http", "https", "mailto"}) for part in (problem, rest))
-    return Lesson(path, meta, html, path.stat().st_mtime, problem_html, figures), []
+    used = rendered.figures
+    if relative:  # the rates it resolved came from the capacity's figures too
+        used |= {name: figures[name] for name in CAPACITY_FIGURES if name in figures}
+    charts = " ".join(CHARTS[name] for name in meta["charts"])  # a chart's title names what it plots
+    page_text = body + charts + json.dumps({k: meta[k] for k in ("scenarios", "failure_modes", "decision")})
+    return Lesson(path, meta, html, path.stat().st_mtime, problem_html, list(used.values()), used_in(page_text)), []
+
+
+def _resolve(meta: dict[str, Any], body: str, values: dict[str, float]) -> str:
+    """Rates written relative to capacity become this machine's numbers (web/sizing.py), and
+    {{lever:KEY}} the value it names: a card's own inside the card, else the lesson's. The cards
+    keep what was written under `relative`, for the page to show. Returns the body, filled."""
+    defaults = {key: lever.default for key, lever in LEVERS.items()}
+    model = fit(values) if _relative_levers(meta) else None
+    lesson_levers = defaults | meta["levers"]
+    if model is not None:
+        meta["levers"] = resolve_rates(meta["levers"], lesson_levers, model)
+        lesson_levers = defaults | meta["levers"]
+    for kind in CARD_KINDS:
+        for card in meta[kind]:
+            written = {k: v for k, v in card["levers"].items() if relative_factor(v) is not None}
+            merged = lesson_levers | card["levers"]
+            if written and model is not None:
+                card["levers"] = resolve_rates(card["levers"], merged, model)
+                card["relative"] = written
+                merged = lesson_levers | card["levers"]
+                capacity = model.req_s(merged["prompt_tokens"], merged["output_tokens"])
+                card["sized"] = [f"{key} {lever_text(key, card['levers'][key])}: {text.strip()} (about {capacity:.2f} "
+                                 "req/s at these lengths, from the measured figures)" for key, text in written.items()]  # fmt: skip
+            _fill(card, merged)
+    for key in ("title", "summary", "decision", "at_scale"):
+        if key in meta:
+            meta[key] = _fill(meta[key], lesson_levers)
+    return fill_levers(body, lesson_levers)
+
+
+def _relative_levers(meta: dict[str, Any]) -> bool:
+    """Whether any of the lesson's rates is written relative to capacity."""
+    cards = [card for kind in CARD_KINDS for card in meta[kind]]
+    return any(relative_factor(v) is not None for levers in [meta["levers"]] + [c["levers"] for c in cards] for v in levers.values())
+
+
+def _fill(value: Any, levers: dict[str, Any]) -> Any:
+    """Every string in a nested value with its {{lever:KEY}} marks filled, in place for containers."""
+    if isinstance(value, str):
+        return fill_levers(value, levers)
+    if isinstance(value, dict):
+        for key in value:
+            value[key] = _fill(value[key], levers)
+    elif isinstance(value, list):
+        value[:] = [_fill(item, levers) for item in value]
+    return value
 
 
 def _split_first_section(body: str) -> tuple[str, str]:
@@ -127,169 +183,6 @@ def _split_first_section(body: str) -> tuple[str, str]:
     if len(starts) < 2:
         return body, ""
     return body[: starts[1]], body[starts[1] :]
-
-
-def _index_lines(node: yaml.Node | None, where: tuple, out: dict[tuple, int]) -> None:
-    if node is None:
-        return
-    out[where] = node.start_mark.line + 2  # +1 for 1-based, +1 for the opening '---'
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            _index_lines(value, (*where, key.value), out)
-            out[(*where, key.value)] = key.start_mark.line + 2  # point at the key, not its value
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _index_lines(item, (*where, i), out)
-
-
-def _check(meta: Any, c: _Checker) -> None:
-    if not isinstance(meta, dict):
-        c.fail((), "the front matter must be a mapping")
-        return
-    match = FILE_NAME.match(c.path.name)
-    if not match:
-        c.fail((), "the file name must be NN-slug.md")
-    step = meta.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= 8:
-        c.fail(("step",), "step must be a whole number from 1 to 8")
-    elif match and int(match.group(1)) != step:
-        c.fail(("step",), f"step {step} does not match the file name's {match.group(1)}")
-    for key in ("title", "summary"):
-        if not isinstance(meta.get(key), str) or not meta[key].strip():
-            c.fail((key,), f"{key} must be a non-empty string")
-    _check_levers(meta.get("levers"), ("levers",), c, required=True)
-    charts = meta.get("charts")
-    if not isinstance(charts, list) or not charts:
-        c.fail(("charts",), "charts must be a non-empty list")
-    else:
-        for i, chart in enumerate(charts):
-            if chart not in CHARTS:
-                c.fail(("charts", i), f"unknown chart {chart!r}; charts are {', '.join(CHARTS)}")
-    _check_cards(meta.get("scenarios"), "scenarios", ("title", "watch"), c)
-    _check_cards(meta.get("failure_modes"), "failure_modes", ("title", "expect"), c)
-    if isinstance(step, int) and not isinstance(step, bool):
-        _check_defence_cards(step, meta.get("failure_modes"), c)
-    _check_decision(meta.get("decision"), c)
-    cards = [card for kind in ("scenarios", "failure_modes") for card in meta.get(kind) or [] if isinstance(card, dict)]
-    if cards and not any("predict" in card for card in cards):
-        c.fail(("scenarios",), "at least one card (scenarios or failure_modes) must carry a predict")
-    if "at_scale" in meta:
-        _check_at_scale(meta["at_scale"], c)
-    known = {"step", "title", "summary", "levers", "charts", "scenarios", "decision", "failure_modes", "at_scale"}
-    for key in meta:
-        if key not in known:
-            c.fail((key,), f"unknown field {key!r}")
-
-
-def _check_levers(levers: Any, where: tuple, c: _Checker, required: bool) -> None:
-    if not isinstance(levers, dict) or (required and not levers):
-        c.fail(where, "levers must be a mapping of lever keys to values")
-        return
-    for key, value in levers.items():
-        if key not in LEVERS:
-            c.fail((*where, key), f"unknown lever {key!r}")
-            continue
-        try:
-            LEVERS[key].validate(value)
-        except InvalidParamError as err:
-            c.fail((*where, key), f"lever {err}")
-
-
-def _check_cards(cards: Any, name: str, texts: tuple[str, ...], c: _Checker) -> None:
-    if not isinstance(cards, list) or not cards:
-        c.fail((name,), f"{name} must be a non-empty list")
-        return
-    for i, card in enumerate(cards):
-        if not isinstance(card, dict):
-            c.fail((name, i), f"each of {name} must be a mapping")
-            continue
-        for key in texts:
-            if not isinstance(card.get(key), str) or not card[key].strip():
-                c.fail((name, i, key), f"{name}[{i}] needs a non-empty {key}")
-        _check_levers(card.get("levers"), (name, i, "levers"), c, required=True)
-        if "predict" in card:  # predict, observe, explain (web/predictions.py)
-            for where, message in check_predict(card["predict"]):
-                c.fail((name, i, "predict", *where), f"{name}[{i}]: {message}")
-
-
-def _check_defence_cards(step: int, cards: Any, c: _Checker) -> None:
-    """Each defence lever whose failure this step teaches (web/failures.py) is set by one of its
-    "Break it" cards, so the lesson breaks what the gallery says it does."""
-    if not isinstance(cards, list):
-        return  # _check_cards has said so
-    used = {key for card in cards if isinstance(card, dict) and isinstance(card.get("levers"), dict) for key in card["levers"]}
-    for failure in failures_for_step(step):
-        if failure.lever not in used:
-            c.fail(("failure_modes",), f"no Break it card sets the defence lever {failure.lever!r} of step {step}")
-
-
-def _check_decision(decision: Any, c: _Checker) -> None:
-    if not isinstance(decision, dict) or not isinstance(decision.get("question"), str):
-        c.fail(("decision",), "decision needs a question and options")
-        return
-    options = decision.get("options")
-    if not isinstance(options, list) or len(options) < 2:
-        c.fail(("decision", "options"), "a decision needs at least two options")
-        return
-    correct = 0
-    for i, option in enumerate(options):
-        if (
-            not isinstance(option, dict)
-            or not isinstance(option.get("text"), str)
-            or not isinstance(option.get("why"), str)
-        ):
-            c.fail(("decision", "options", i), "each option needs text and why")
-            continue
-        if not isinstance(option.get("correct"), bool):
-            c.fail(("decision", "options", i), "each option needs correct: true or false")
-        correct += option.get("correct") is True
-    if correct != 1:
-        c.fail(("decision", "options"), f"exactly one option must be correct, found {correct}")
-
-
-def _check_at_scale(runs: Any, c: _Checker) -> None:
-    """at_scale: a list of simulated experiments, each {title, watch, experiment (an A/B of
-    engine/sim/compare.py: traffic, a, b, each side with a label), quotes (the figures the body
-    quotes: side, key of the side's table row or summary, value), refusals (levers of a side the
-    simulator refuses, and words of its reason)}. The quoted figures themselves are checked
-    against fresh runs by tests/test_lesson_at_scale.py, not here (a page load runs no simulation)."""
-    from engine.sim.compare import parse_experiment
-
-    if not isinstance(runs, list) or not runs:
-        c.fail(("at_scale",), "at_scale must be a non-empty list of experiments")
-        return
-    for i, run in enumerate(runs):
-        where = ("at_scale", i)
-        if not isinstance(run, dict):
-            c.fail(where, "each at_scale entry must be a mapping")
-            continue
-        for key in ("title", "watch"):
-            if not isinstance(run.get(key), str) or not run[key].strip():
-                c.fail((*where, key), f"at_scale[{i}] needs a non-empty {key}")
-        unknown = set(run) - {"title", "watch", "experiment", "quotes", "refusals"}
-        for key in sorted(unknown):
-            c.fail((*where, key), f"unknown field {key!r} in at_scale[{i}]")
-        experiment = run.get("experiment")
-        if not isinstance(experiment, dict) or not all(isinstance(experiment.get(s), dict) for s in ("a", "b")):
-            c.fail((*where, "experiment"), "an experiment needs traffic and two sides, a and b")
-            continue
-        for side in ("a", "b"):
-            if not isinstance(experiment[side].get("label"), str):
-                c.fail((*where, "experiment", side), f"side {side} needs a label")
-        try:
-            parse_experiment(experiment)
-        except InvalidParamError as err:
-            group, _, key = (err.param or "").partition(".")
-            c.fail((*where, "experiment", group, key), f"experiment {err}")
-        for j, quote in enumerate(run.get("quotes") or []):
-            ok = isinstance(quote, dict) and quote.get("side") in ("a", "b") and isinstance(quote.get("key"), str)
-            if not ok or isinstance(quote.get("value"), bool) or not isinstance(quote.get("value"), (int, float)):
-                c.fail((*where, "quotes", j), "a quote needs side (a or b), key and a numeric value")
-        for j, refusal in enumerate(run.get("refusals") or []):
-            if not isinstance(refusal, dict) or not isinstance(refusal.get("levers"), dict) or not isinstance(
-                refusal.get("reason"), str
-            ):
-                c.fail((*where, "refusals", j), "a refusal needs levers (one side's) and words of the reason")
 
 
 class LessonLibrary:
@@ -323,6 +216,8 @@ def main(argv: list[str]) -> int:
         return 2
     paths = [Path(p) for p in argv[2:]] or sorted(LESSONS_DIR.glob("*.md"))
     errors = [err for path in paths for err in parse_lesson(path)[1]]
+    # Where the course first names a metric it defines it: judged over the whole folder.
+    errors += check_definitions(sorted(LESSONS_DIR.glob("[0-9][0-9]-*.md")))
     for err in errors:
         print(err)
     print(f"{len(paths)} lesson(s) checked, {len(errors)} mistake(s)")

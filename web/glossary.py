@@ -1,0 +1,53 @@
+"""The serving metrics a lesson names, each with exactly the span it measures (DESIGN.md's metric
+contract, engine/serving/telemetry/metrics.py, `vllm bench serve`'s definitions).
+
+A lesson defines a metric with `{{def:KEY}}` where the course first names it; every step page
+also lists the metrics it uses, with these words, above its experiments. One table, so a page, a
+lesson and the contract cannot say different things."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    term: str  # as the text writes it
+    meaning: str  # the span, in words (no ": ", so it sits in a plain YAML scalar)
+    mentions: re.Pattern[str]  # how prose names it
+
+    def inline(self, markdown: bool = True) -> str:
+        term = f"**{self.term}**" if markdown else self.term
+        return f"{term} ({self.meaning})"
+
+
+def _names(*words: str) -> re.Pattern[str]:
+    return re.compile(r"(?<![\w-])(?:" + "|".join(words) + r")(?![\w-])", re.IGNORECASE)
+
+
+METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric("ttft", "TTFT", "time to first token, from the moment the router admits the request to its first "
+               "output token; the wait in line and the prefill are both inside it", _names("ttft", "time to first token")),
+        Metric("itl", "ITL", "inter-token latency, the gap between two consecutive tokens of one stream; every gap "
+               "of every stream is one sample", _names("itl", "inter-token latency")),
+        Metric("tpot", "TPOT", "time per output token, one request's (e2e latency - TTFT) / (output tokens - 1), "
+               "the mean gap after its first token", _names("tpot", "time per output token")),
+        Metric("e2el", "e2e latency", "end-to-end latency, from the router admitting the request to its last token",
+               _names("e2e latency", "e2el", "end-to-end latency")),
+        Metric("queue_time", "queue time", "from the router admitting the request to its first scheduled step, "
+               "the central queue and any wait inside the replica together", _names("queue time", "queue_time")),
+        Metric("goodput", "goodput", "the requests per second that finished within their latency targets (here "
+               "TTFT within the TTFT target), not merely finished", _names("goodput")),
+        Metric("kv_usage", "KV usage", "the share of the KV cache's blocks that hold some sequence's keys and values "
+               "(vLLM's kv_cache_usage_perc)", _names("kv usage", "kv cache usage", "kv_cache_usage_perc")),
+    )
+}  # fmt: skip
+
+
+def used_in(text: str) -> list[Metric]:
+    """The metrics a text names, in the table's order."""
+    return [m for m in METRICS.values() if m.mentions.search(text)]
