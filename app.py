@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from engine.lab.live.lab import LiveLab
     from engine.lab.remote.remote_backend import RemoteConfig
     from engine.lab.remote.remote_lab import RemoteLab
+    from engine.launch.yielding import YieldingProcess
 
 # The live lab (its fleet of replica processes) and the remote lab are imported where each is built:
 # `import app`, the web layer and the what-if panels load neither the lab they do not run nor torch
@@ -145,38 +146,51 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("servelab.app").info(
         "levers: %s", "instructor only (SERVELAB_INSTRUCTOR_TOKEN)" if token else "anyone connected may move them"
     )
-    if args.calibrate_in_background:
-        start_background_calibration()
+    # SERVELAB_BACKGROUND_YIELD=off: the measurement runs on at nice 19 and SCHED_IDLE alone, as
+    # before issue 40 (bench/background_beside_live.py --unyielding measures what that costs).
+    yielding = os.environ.get("SERVELAB_BACKGROUND_YIELD", "on") != "off"
+    busy = lab.fleet.has_work if yielding else (lambda: False)
+    background = start_background_calibration(busy) if args.calibrate_in_background else None
+
+    def stop() -> None:
+        if background is not None:
+            background.stop()
+        lab.stop()
+
     # The lab's clients reach the server as any user does, over HTTP (through the lab's proxy):
     # told its URL once the port is bound.
-    return serve_app(lab.fleet, create_app(lab, token), args.host, args.port, on_stop=lab.stop, on_bound=lab.connect)
+    return serve_app(lab.fleet, create_app(lab, token), args.host, args.port, on_stop=stop, on_bound=lab.connect)
 
 
-def start_background_calibration() -> None:
-    """`make run`'s first start on a machine: `python -m bench.calibrate` at nice 19 and SCHED_IDLE
-    (it runs on the cycles the live engine leaves; the page does not wait for it), unless this
-    machine and engine build already have a fit or one is being made; then (or at once, if the fit
-    exists) `python -m bench.figures --background`, the lessons' offline figures, if they are not
-    measured here yet."""
+def start_background_calibration(busy: Callable[[], bool]) -> YieldingProcess | None:
+    """`make run`'s first start on a machine: `python -m bench.calibrate` (it fits the what-if cpu
+    device; the page does not wait for it), unless this machine and engine build already have a
+    fit or one is being made; then (or at once, if the fit exists) `python -m bench.figures
+    --background`, the lessons' offline figures, if they are not measured here yet. It gives way
+    to the live engine: paused while the fleet has a request (engine/launch/yielding.py), and a
+    run on a busy machine is refused and tried again later."""
+    from engine.launch.yielding import YieldingProcess
     from engine.sim import calibration
     from web.figures import local_path
 
     key = calibration.this_machine()
     log = logging.getLogger("servelab.app")
     if calibration.calibrating_since(key) is not None:
-        return
+        return None
     found = calibration.load(key)
     figures = [] if local_path(key).exists() else ["-m", "bench.figures", "--background"]
     if found is not None and found.this_machine and not figures:
-        return
+        return None
     calibration.CALIBRATION_DIR.mkdir(parents=True, exist_ok=True)
-    out = open(calibration.path_for(key).with_suffix(".log"), "w")  # noqa: SIM115 - the child holds it
+    out = calibration.path_for(key).with_suffix(".log")
+    out.write_text("")
     if found is None or not found.this_machine:
         command = [sys.executable, "-m", "bench.calibrate", "--background", *(["--then-figures"] if figures else [])]
     else:
         command = [sys.executable, *figures]
-    subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    log.info("measuring this machine in the background: %s (log: %s)", " ".join(command[1:]), out.name)
+    log.info("measuring this machine in the background, paused while the engine serves: %s (log: %s)",
+             " ".join(command[1:]), out)  # fmt: skip
+    return YieldingProcess(command, busy, out, cwd=ROOT).start()
 
 
 def main_remote(args: argparse.Namespace, levers: dict, token: str | None) -> int:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import EngineConfig
+from engine.host_load import ConditionMeter, count_pauses
 from engine.memory import MemoryPlan
 from engine.sim import calibration
 from engine.sim.cost_model import CostModel, StepShape
@@ -45,19 +46,36 @@ GRID = [(1, 32), (1, 128), (1, 256), (1, 512), (4, 128), (8, 512), (16, 64), (16
         (64, 256)]  # fmt: skip
 OUTPUT_TOKENS = 16
 REPEATS = 3
+MIN_STEPS = 20  # a fit over fewer timed steps is not one
+MAX_RUNS = 6  # the grid's runs at most, paused ones included
+REFUSED_EXIT = 3  # the exit status of a fit not kept: engine/launch/yielding.py tries again later
 IDS = itertools.count()
 
 
-def measure(config: EngineConfig, repeats: int = REPEATS) -> tuple[list[tuple[StepShape, float]], MemoryPlan, dict]:
+def measure(
+    config: EngineConfig, repeats: int = REPEATS, meter: ConditionMeter | None = None
+) -> tuple[list[tuple[StepShape, float]], MemoryPlan, dict]:
     """Every step of the grid, `repeats` times over (the scheduler is deterministic, so the i-th
     step has the same shape each time); the median of each is kept: the simulator predicts the
     steps a serving run lives with, and the fastest of three (the fit before) described the best
-    case: 33 ms against a typical 41 ms at 1 req/s (BENCHMARKS.md, the simulator against live)."""
+    case: 33 ms against a typical 41 ms at 1 req/s (BENCHMARKS.md, the simulator against live).
+    A step a pause fell inside (the live engine had work: engine/launch/yielding.py) is not a
+    timing; the grid runs again, up to MAX_RUNS in all, until each step has `repeats` clean ones.
+    The meter records what else ran meanwhile (engine/host_load.py)."""
     from engine.llm_engine import LLMEngine
 
+    meter = meter or ConditionMeter()
     engine = LLMEngine(config)
-    runs = [_grid_steps(engine) for _ in range(repeats)]
-    samples = [(shape, statistics.median(run[i][1] for run in runs)) for i, (shape, _) in enumerate(runs[0])]
+    runs = [_grid_steps(engine, meter)]
+    clean = [[t] if t is not None else [] for _, t in runs[0]]
+    while len(runs) < MAX_RUNS and any(len(times) < repeats for times in clean):
+        runs.append(_grid_steps(engine, meter))
+        for times, (_, t) in zip(clean, runs[-1], strict=True):
+            if t is not None:
+                times.append(t)
+    for times in clean:
+        meter.repeated(times)
+    samples = [(shape, statistics.median(times)) for (shape, _), times in zip(runs[0], clean, strict=True) if times]
     return samples, engine.memory, execution(engine)
 
 
@@ -73,7 +91,8 @@ def execution(engine: Any) -> dict[str, Any]:
             "torch": torch.__version__, "python": sys.version.split()[0]}
 
 
-def _grid_steps(engine: Any) -> list[tuple[StepShape, float]]:
+def _grid_steps(engine: Any, meter: ConditionMeter) -> list[tuple[StepShape, float | None]]:
+    """One run of the grid: each step's shape and time, None where a pause fell inside it."""
     from engine.sampling_params import SamplingParams
 
     samples = []
@@ -88,13 +107,15 @@ def _grid_steps(engine: Any) -> list[tuple[StepShape, float]]:
         # 2,048-token chunks and put single prompts 14-16% short (the simulator's TTFT at 1 req/s,
         # BENCHMARKS.md). Cold caches in the first repeat are what the median of three is for.
         while engine.has_work():
-            start = time.perf_counter()
-            _, batch = engine.begin_step()
-            if not batch.seqs:
-                continue
-            shape, _ = step_shape(batch)
-            engine.end_step(batch, engine.runner.execute(batch))
-            samples.append((shape, time.perf_counter() - start))
+            with meter.window() as kept:
+                start = time.perf_counter()
+                _, batch = engine.begin_step()
+                if not batch.seqs:
+                    continue
+                shape, _ = step_shape(batch)
+                engine.end_step(batch, engine.runner.execute(batch))
+                elapsed = time.perf_counter() - start
+            samples.append((shape, elapsed if kept() else None))
     return samples
 
 
@@ -138,11 +159,12 @@ def nelder_mead(f, x0: np.ndarray, steps: int = 600, scale: float = 0.5) -> np.n
     return simplex[int(np.argmin(values))]
 
 
-def main() -> None:
+def main() -> int:
     # No prefix caching: a repeat of the grid must compute every step again, not hit the cache.
     # dtype "auto": what `make run` serves on this machine (bf16 with native bf16, else fp32).
     # Threads fixed at what the engine starts with: a fit over a changing count describes none.
     config = EngineConfig(max_num_seqs=64, max_batched_tokens=512, prefix_caching=False, adaptive_threads=False)
+    count_pauses()  # `make run`'s background run is paused while the live engine serves
     if "--background" in sys.argv:  # `make run`'s (app.py): only the cycles the live engine leaves
         os.nice(19)
         if sys.platform == "linux":
@@ -152,23 +174,37 @@ def main() -> None:
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     marker.write_text(json.dumps({"pid": os.getpid(), "started": started}))  # the predict panel says so
     try:
-        fit_and_write(config)
+        kept = fit_and_write(config)
     finally:
         marker.unlink(missing_ok=True)
+    if not kept:
+        return REFUSED_EXIT
     if "--then-figures" in sys.argv:  # make run's first start: the lessons' offline figures next, as low
         from bench import figures
 
-        figures.main(["--background"])
+        return figures.main(["--background"])
+    return 0
 
 
-def fit_and_write(config: EngineConfig) -> None:
-    samples, memory, run_config = measure(config)
+def fit_and_write(config: EngineConfig, meter: ConditionMeter | None = None) -> bool:
+    """Measure, fit, and keep the fit as this machine's if it was measured within the bounds
+    (engine/host_load.py); else record why it was refused and keep nothing. True if kept."""
+    meter = meter or ConditionMeter()
+    samples, memory, run_config = measure(config, meter=meter)
+    if len(samples) < MIN_STEPS:  # nothing to fit: every run of the grid was paused partway
+        reason = f"only {len(samples)} steps timed without a pause (at least {MIN_STEPS})"
+        key = calibration.this_machine(config.dtype, run_config["num_threads"])
+        result = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                  "conditions": meter.conditions().to_json()}  # fmt: skip
+        print(f"not kept: {reason}; {calibration.write_refusal(result, reason, key)}", file=sys.stderr)
+        return False
     memory_gb = config.memory_cap_mb / 1024
     x0 = np.log([5e10, 1e10, 0.3, 2e-3, 2e-5])
     fit = nelder_mead(lambda x: loss(x, samples, memory_gb), x0)
     dev = device(fit, memory_gb)
     model = CostModel(Deployment(get_model("smollm2-135m"), dev))
     errors = [model.step(s).total_s / t - 1 for s, t in samples]
+    conditions = meter.conditions()
     result = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "make calibrate  (python -m bench.calibrate)",
@@ -178,6 +214,7 @@ def fit_and_write(config: EngineConfig) -> None:
         "steps_timed": len(samples),
         "repeats": REPEATS,
         "load_average": list(os.getloadavg()),  # other work on the machine while it was timed
+        "conditions": conditions.to_json(),
         "median_abs_error": float(np.median(np.abs(errors))),
         "p90_abs_error": float(np.percentile(np.abs(errors), 90)),
         "device": {"memory_gb": memory_gb, "flops": dev.peak_flops["bf16"], "mem_bw": dev.mem_bw,
@@ -188,11 +225,17 @@ def fit_and_write(config: EngineConfig) -> None:
     key = calibration.this_machine(config.dtype, run_config["num_threads"])
     result["engine"]["dtype"] = key.dtype  # what "auto" resolved to here
     print(json.dumps(result, indent=2))
+    refusal = conditions.refusal(result["median_abs_error"])
+    if refusal is not None:
+        print(f"not kept: {refusal}; {calibration.write_refusal(result, refusal, key)} says so, and a quiet machine's"
+              " run replaces it", file=sys.stderr)  # fmt: skip
+        return False
     print(f"this machine's calibration: {calibration.write(result, key)}")
     if "--reference" in sys.argv:  # the committed reference machine's, which other machines name as foreign
         calibration.write(result, key, directory=CPU_CALIBRATION.parent).rename(CPU_CALIBRATION)
         print(f"and the reference: {CPU_CALIBRATION}")
+    return True
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -107,22 +106,26 @@ def test_make_runs_background_calibration_starts_once_at_the_lowest_priority(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """app.py --calibrate-in-background: the real `python -m bench.calibrate --background`,
-    niced and idle-class, its marker naming it; a second start while it runs starts nothing."""
+    niced and idle-class, its marker naming it; a second start while it runs starts nothing; the
+    server's stop ends it and reaps it."""
     import app
 
     monkeypatch.setattr(calibration, "CALIBRATION_DIR", tmp_path)
     monkeypatch.setenv("SERVELAB_CALIBRATION_DIR", str(tmp_path))  # the child's too
     this = calibration.this_machine()
-    app.start_background_calibration()
+    runner = app.start_background_calibration(lambda: False)
+    assert runner is not None
     deadline = time.monotonic() + 60
     while calibration.calibrating_since(this, tmp_path) is None and time.monotonic() < deadline:
         time.sleep(0.2)
     run = json.loads(calibration.running_marker(this, tmp_path).read_text())
     try:
+        assert run["pid"] == runner.pid
         assert os.getpriority(os.PRIO_PROCESS, run["pid"]) == 19
         if sys.platform == "linux":
             assert os.sched_getscheduler(run["pid"]) == os.SCHED_IDLE
-        app.start_background_calibration()  # already running: nothing new
+        assert app.start_background_calibration(lambda: False) is None  # already running: nothing new
         assert len(list(tmp_path.glob("*.log"))) == 1
     finally:
-        os.kill(run["pid"], signal.SIGKILL)
+        runner.stop()
+    assert runner.process is not None and runner.process.returncode is not None  # reaped, no zombie

@@ -121,3 +121,27 @@ def test_rate_limit_refusals_carry_jittered_retry_after(jitter: bool) -> None:
         waits.append(err.value.retry_after_s)
     assert (len(set(waits)) > 2) if jitter else (set(waits) == {4})
     router.close()
+
+
+class _Reported:
+    """A serving replica as the router sees it once it has reported a step: its state and stats."""
+
+    def __init__(self, kv_total_blocks: int) -> None:
+        from engine.serving.replicas.messages import ReplicaStats
+        from engine.serving.replicas.replica_api import ReplicaState
+
+        self.state = ReplicaState.READY
+        self.stats = ReplicaStats(kv_total_blocks=kv_total_blocks, max_num_seqs=4)
+        self.num_in_flight = 0
+        self.replica_id = 0
+
+
+def test_a_prompt_no_replicas_cache_can_hold_is_refused_at_once() -> None:
+    """Not queued to wait out its deadline at the head of the line: a 400 naming the prompt."""
+    router = Router([_Reported(91)], RouterConfig(block_size=16, max_model_len=8192), VirtualClock())  # type: ignore[list-item]
+    with pytest.raises(AdmissionError) as err:
+        router.submit("huge", [7] * 1500, SHORT)
+    assert err.value.status == 400 and err.value.param == "prompt" and "91" in str(err.value)
+    router.submit("fits", [7] * 1400, SHORT)  # 88 blocks of 16 with its first output token
+    assert len(router.queue) == 1 and router.rejected == {"too_long": 1}
+    router.close()

@@ -112,6 +112,8 @@ class Calibration:
             "date": self.data.get("date", ""),
             "differences": list(self.differences),
             "path": str(self.path.relative_to(ROOT)) if self.path.is_relative_to(ROOT) else str(self.path),
+            "median_abs_error": self.data.get("median_abs_error"),  # the fit's, over the steps it timed
+            "p90_abs_error": self.data.get("p90_abs_error"),
         }
 
 
@@ -132,12 +134,56 @@ def load(
 
 
 def write(result: dict[str, Any], key: MachineKey, directory: Path | None = None) -> Path:
-    """Store a fit as this machine's (`make calibrate`)."""
+    """Store a fit as this machine's (`make calibrate`); an earlier refusal no longer stands."""
     path = path_for(key, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     stamped = {"machine": asdict(key), **result}  # the result carries its own "date"
     path.write_text(json.dumps(stamped, indent=2) + "\n")
+    refusal_path(key, directory).unlink(missing_ok=True)
     return path
 
 
+def refusal_path(key: MachineKey, directory: Path | None = None) -> Path:
+    return path_for(key, directory).with_suffix(".refused")
+
+
+def write_refusal(result: dict[str, Any], reason: str, key: MachineKey, directory: Path | None = None) -> Path:
+    """A fit measured on a busy machine, kept apart from the fits with why it was refused
+    (engine/host_load.py): the predict badge says the machine is waiting to be quiet."""
+    path = refusal_path(key, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": asdict(key), "reason": reason, **result}, indent=2) + "\n")
+    return path
+
+
+def refused(key: MachineKey, directory: Path | None = None) -> dict[str, Any] | None:
+    """This key's latest refused fit ({"reason", "date", "conditions", ...}), if no fit replaced it."""
+    try:
+        return dict(json.loads(refusal_path(key, directory).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 KEY_FIELDS = tuple(f.name for f in fields(MachineKey))
+
+
+def describe(key: MachineKey | None = None, directory: Path | None = None) -> str:
+    """Whose fit the `cpu` device is, its step error, and what this machine is waiting for: the
+    words every prediction on the cpu device carries."""
+    key = key or this_machine()
+    found = load(key, directory)
+    if found is None:
+        return "cpu device not calibrated (`make calibrate` fits this machine)"
+    status = found.status(calibrating_since(key, directory))
+    error = status["median_abs_error"]
+    fit = f"step error median {error:.1%}" if isinstance(error, (int, float)) else "step error not recorded"
+    if found.this_machine:
+        return f"cpu device calibrated on this machine ({status['date'][:10]}; {fit})"
+    words = f"cpu device calibrated on another machine ({status['cpu']}, {status['date'][:10]}; {fit}); "
+    last = refused(key, directory)
+    if status["calibrating_since"] is not None:
+        return words + f"calibrating this machine (since {status['calibrating_since'][11:19]} UTC)"
+    if last is not None:
+        return words + f"waiting for a quiet machine (the try at {str(last.get('date', ''))[11:16]} UTC: {last['reason']})"
+    return words + "`make calibrate` fits this one"
+

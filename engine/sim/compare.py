@@ -23,6 +23,7 @@ from typing import Any
 from engine.errors import InvalidParamError
 from engine.levers import LEVERS
 from engine.serving.replicas.replica_api import ENDED
+from engine.sim import calibration
 from engine.sim.deployment import KV_DTYPES, WEIGHT_DTYPES, SimConfigError
 from engine.sim.devices import DEVICE_NAMES
 from engine.sim.models import MODEL_NAMES
@@ -333,6 +334,7 @@ def badge(spec: SimSpec) -> str:
     extras += ["static batches"] if not spec.paged else []
     extras += ["autoscaled"] if spec.autoscale else []
     model = spec.model.replace("llama", "Llama").replace("smollm2", "SmolLM2").replace("b", "B")
+    extras += [calibration.describe()] if spec.device == "cpu" else []  # whose fit, its error (issue 40)
     text = f"simulated: {spec.device.upper()} x {spec.gpus}, {model}"
     return text + (f" ({', '.join(extras)})" if extras else "")
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from engine.errors import InvalidParamError
 from engine.lab.replica_bounds import replica_bounds
+from engine.sim import calibration
 from engine.sim.deployment import Deployment, SimConfigError
 from engine.sim.run import SimSpec
 from engine.sim.spec import spec_fields
@@ -31,10 +32,13 @@ def badge(levers: dict[str, Any]) -> str:
     pools = int(levers["prefill_gpus"])
     split = f" (prefill {pools} + decode {int(levers['decode_gpus'])})" if pools else ""
     tp, pp = int(levers["tensor_parallel"]), int(levers.get("pipeline_parallel", 1))
-    return (
+    words = (
         f"simulated: {str(levers['device']).upper()} x {int(levers['gpu_count'])}{split}, "
         f"{model_label(str(levers['model']))}" + (f", TP{tp}" if tp > 1 else "") + (f" x PP{pp}" if pp > 1 else "")
     )
+    if levers["device"] == "cpu":  # a fit of this or another machine, with its error (issue 40)
+        words += f" ({calibration.describe()})"
+    return words
 
 
 # The levers a simulated lab's fleet takes (the rest are the live engine's on this machine, or the

@@ -80,15 +80,7 @@ def predict(levers: dict[str, Any]) -> dict[str, Any]:
     key = calibration.this_machine()
     found = calibration.load(key)
     status = found.status(calibration.calibrating_since(key)) if found is not None else None
-    if status is not None and status["this_machine"]:
-        badge = f"predicted: the simulator, cpu device calibrated on this machine ({status['date'][:10]})"
-    else:  # never passed off as this machine's: say whose it is (engine/sim/calibration.py)
-        where = f"{status['cpu']}, {status['date'][:10]}" if status else "no machine"
-        badge = f"predicted: the simulator, cpu device calibrated on another machine ({where}); "
-        if status is not None and status["calibrating_since"] is not None:
-            badge += f"calibrating this machine (since {status['calibrating_since'][11:19]} UTC)"
-        else:
-            badge += "`make calibrate` fits this one"
+    badge = f"predicted: the simulator, {calibration.describe(key)}"
     return {
         "horizon_s": horizon,
         "requests": spec.num_requests,

@@ -151,6 +151,16 @@ class Router:
                 f"prompt + max_tokens is {total} tokens; the context holds {self.config.max_model_len}",
                 param="max_tokens",
             )
+        need = blocks_for(len(prompt_token_ids) + 1, self.config.block_size)
+        largest = self._largest_cache()
+        if largest is not None and need > largest:  # it would wait at the head of the line until its deadline
+            raise self._refuse(
+                400,
+                "too_long",
+                f"the prompt's {len(prompt_token_ids)} tokens need {need} KV blocks of {self.config.block_size} "
+                f"tokens; the largest replica's cache holds {largest}",
+                param="prompt",
+            )
         events = queue.Queue() if events is None else events
         with self._lock:
             queued = QueuedRequest(request_id, prompt_token_ids, params, payload=events, priority=priority)
@@ -295,6 +305,13 @@ class Router:
         if best is not None and not prefix_aware:
             self._turn += 1
         return best
+
+    def _largest_cache(self) -> int | None:
+        """KV blocks of the largest serving replica's whole cache; None before any has reported."""
+        with self._lock:
+            sizes = [r.stats.kv_total_blocks for r in self.replicas
+                     if r.state == ReplicaState.READY and r.stats and r.stats.kv_total_blocks > 0]  # fmt: skip
+        return max(sizes) if sizes else None
 
     def _has_room(self, replica: Replica, request: QueuedRequest) -> bool:
         stats = replica.stats

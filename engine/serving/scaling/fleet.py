@@ -278,6 +278,13 @@ class Fleet(Provisioning):
     def ready(self) -> bool:
         return not self.draining and any(r.state == ReplicaState.READY for r in self.replicas)
 
+    def has_work(self) -> bool:
+        """A request in the central queue or on any replica (handed over, waiting or running):
+        background measurements stay paused while one is (engine/launch/yielding.py)."""
+        with self._lock:
+            replicas = self.replicas + self.retiring
+        return len(self.router.queue) > 0 or any(r.num_in_flight > 0 for r in replicas)
+
     def replica_states(self) -> dict[str, int]:
         """Serving replicas by state; retiring ones as "draining" until they stop (even one retired
         while loading, so it never counts as capacity); the pool as "warm" (loaded) or "warming";
