@@ -41,7 +41,10 @@ $(KERNEL_STAMP): $(STAMP) $(KERNEL_SRC)
 
 kernels: $(KERNEL_STAMP)
 
+# The engine is served compiled, on huge pages, with tcmalloc preloaded into its replicas where the
+# library is installed (engine/launch/served.py); without root the install is skipped, not failed.
 run: $(STAMP) $(NODE_STAMP) $(KERNEL_STAMP)
+	-@test -e /usr/lib/$$(uname -m)-linux-gnu/libtcmalloc_minimal.so.4 || apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || true
 	$(PY) app.py --host "$${HOST:-127.0.0.1}" --port "$${PORT:-5000}" --calibrate-in-background
 
 # The engine, kernel and serving tests a second time as on an AVX2 CPU, on an x86 CPU above that
@@ -104,10 +107,10 @@ bench-tp: $(STAMP) $(KERNEL_STAMP)
 # What-if executor: fit the `cpu` device to this machine's live engine (writes
 # .cache/calibration/<machine key>.json, engine/sim/calibration.py; with the bench's allocator), and its evidence against published
 # results. sim-vs-live: the fitted device against the live engine and server on this machine.
-# The fit describes the engine make run serves: the system allocator, no preload (the key names no
-# allocator, so a tcmalloc fit here would stand in for make run's under the same key).
+# The fit describes the engine make run serves: compiled, huge pages, tcmalloc preloaded where it is
+# installed (engine/launch/served.py; the key names no allocator, so both must match).
 calibrate: $(STAMP) $(KERNEL_STAMP)
-	$(PY) -m bench.calibrate
+	$(if $(wildcard $(TCMALLOC)),$(PRELOAD)) $(PY) -m bench.calibrate
 	$(PY) -m bench.calibrate_front
 
 sim-vs-live: $(STAMP) $(KERNEL_STAMP)
@@ -117,7 +120,7 @@ sim-vs-live: $(STAMP) $(KERNEL_STAMP)
 # the pages then show this machine's; fails listing what moved >10% from lessons/figures.json.
 # FIGURES_ARGS=--rewrite makes this run the committed reference. Run it alone on the machine.
 figures: $(STAMP) $(KERNEL_STAMP)
-	$(PY) -m bench.figures $(FIGURES_ARGS)
+	$(if $(wildcard $(TCMALLOC)),$(PRELOAD)) $(PY) -m bench.figures $(FIGURES_ARGS)
 
 bench-sim: $(STAMP)
 	$(PY) -m bench.sim_trtllm

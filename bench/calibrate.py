@@ -31,6 +31,7 @@ import numpy as np
 
 from engine.config import EngineConfig
 from engine.host_load import ConditionMeter, count_pauses
+from engine.launch.served import served_levers
 from engine.memory import MemoryPlan
 from engine.sim import calibration
 from engine.sim.cost_model import CostModel, StepShape
@@ -163,7 +164,10 @@ def main() -> int:
     # No prefix caching: a repeat of the grid must compute every step again, not hit the cache.
     # dtype "auto": what `make run` serves on this machine (bf16 with native bf16, else fp32).
     # Threads fixed at what the engine starts with: a fit over a changing count describes none.
-    config = EngineConfig(max_num_seqs=64, max_batched_tokens=512, prefix_caching=False, adaptive_threads=False)
+    # The engine as served (engine/launch/served.py: compiled, huge pages), the fit's subject.
+    config = EngineConfig(
+        **served_levers(), max_num_seqs=64, max_batched_tokens=512, prefix_caching=False, adaptive_threads=False
+    )
     count_pauses()  # `make run`'s background run is paused while the live engine serves
     if "--background" in sys.argv:  # `make run`'s (app.py): only the cycles the live engine leaves
         os.nice(19)

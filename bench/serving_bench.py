@@ -68,9 +68,10 @@ def start_servelab(port: int, log: Path) -> subprocess.Popen:
 
 
 def start_servelab_as_served(port: int, log: Path) -> subprocess.Popen:
-    """The server as `make run` configures its engine (eager, 4 KiB pages, no preload), with room
-    for the whole workload in its line: bench/figures.py's ramp."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"} | {"PYTHONPATH": str(ROOT)}
+    """The server with its own defaults (engine/launch/served.py: compiled, huge pages, tcmalloc
+    preloaded by the server itself), with room for the whole workload in its line: bench/figures.py's
+    ramp."""
+    env = {k: v for k, v in os.environ.items() if k != "SERVELAB_SERVE_EAGER"} | {"PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "engine", "serve", "--port", str(port), "--replicas", "1", "--max-num-seqs", "64",
            "--queue-cap", "4096", "--deadline-s", "3600"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)

@@ -13,20 +13,23 @@ import sys
 import typing
 
 from engine.config import EngineConfig
+from engine.launch.served import preload_allocator, served_levers
 from engine.levers import LEVERS, parse_bool
 from engine.serving.routing.defences import Defences
 
 
-def add_lever_flags(parser: argparse.ArgumentParser) -> None:
+def add_lever_flags(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    """defaults: values over EngineConfig's own (serve: engine/launch/served.py)."""
     hints = typing.get_type_hints(EngineConfig)
     for f in dataclasses.fields(EngineConfig):
         kind = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
+        default = (defaults or {}).get(f.name, f.default)
         if kind is bool:
-            parser.add_argument(flag, type=parse_bool, default=f.default, metavar="true|false")
+            parser.add_argument(flag, type=parse_bool, default=default, metavar="true|false")
         else:
             base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-            parser.add_argument(flag, type=base, default=f.default)
+            parser.add_argument(flag, type=base, default=default)
 
 
 def add_defence_flags(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--rate-limit", type=float, default=None, help="requests/s per API key")
     serve.add_argument("--drain-timeout-s", type=float, default=30.0)
     serve.add_argument("--sse-ping-s", type=float, default=10.0, help="interval of `: ping` on waiting streams")
-    add_lever_flags(serve)
+    add_lever_flags(serve, served_levers())  # the fastest configuration: compiled, huge pages
     add_defence_flags(serve)
     # No lab proxy in `serve`: off, the server's own SSE writer holds each stream until it ends.
     serve.add_argument(
@@ -72,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from engine.launch.api_server import serve_forever
 
+        preload_allocator()  # the replicas start with tcmalloc
         return serve_forever(args, _levers(args))
 
     from engine.errors import InvalidParamError

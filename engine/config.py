@@ -15,6 +15,12 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # (TensorRT-LLM's GUARANTEED_NO_EVICT): admit only when the prompt + max_tokens of it and of
 # every running sequence fit, so nothing is ever preempted, at the cost of a smaller batch.
 ADMISSION_POLICIES = ("greedy", "reserve")
+# Weight precision: "int8" is W8A8, weights per channel, activations per token at run time
+# (engine/model/int8_linear.py); the LM head and embeddings stay in the engine's dtype.
+QUANTIZATIONS = ("none", "int8")
+# The KV cache's element type: "auto" is the engine's dtype; "fp8" (e4m3, no scales, as vLLM's
+# --kv-cache-dtype fp8 without calibration) holds 2x bf16's tokens, 4x fp32's, in the same budget.
+KV_CACHE_DTYPES = ("auto", "fp8")
 # What a running engine takes without a rebuild (LLMEngine.reconfigure): the scheduler reads them.
 IN_PLACE_FIELDS = frozenset({"max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "starvation_s", "aging"})
 
@@ -24,6 +30,8 @@ class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None means the default SmolLM2 GGUF
     dtype: str = "auto"  # DTYPES; what it resolves to and why: engine/machine.py
     device: str = "cpu"
+    quantization: str = "none"  # QUANTIZATIONS
+    kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES
     # Paged KV cache + continuous batching; False is static batches over contiguous KV slabs.
     paged: bool = True
     block_size: int = 16
@@ -96,6 +104,10 @@ class EngineConfig:
             raise InvalidParamError("memory_cap_mb", "must be positive")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise InvalidParamError("max_model_len", "must be positive")
+        if self.quantization not in QUANTIZATIONS:
+            raise InvalidParamError("quantization", f"must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidParamError("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.admission not in ADMISSION_POLICIES:
             raise InvalidParamError("admission", f"must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
         if self.starvation_s < 0:

@@ -92,6 +92,9 @@ LEVERS: dict[str, Lever] = {
         Lever("chunked_prefill", bool, True, "Chunked prefill", group="defence"),
         Lever("prefix_caching", bool, True, "Prefix caching"),
         Lever("kv_budget_mb", float, 512.0, "KV budget per device (live)", "MB", 1, 100000, apply="rebuild"),
+        # Precision on the live engine (the simulator's are weight_dtype and kv_dtype).
+        Lever("quantization", str, "none", "Weights (live): int8 = W8A8", choices=("none", "int8"), apply="rebuild"),
+        Lever("kv_cache_dtype", str, "auto", "KV cache dtype (live)", choices=("auto", "fp8"), apply="rebuild"),
         Lever("queue_cap", int, 64, "Queue capacity", "requests", 1, 100000),
         Lever("deadline_s", float, 30.0, "Queue deadline", "s", 0.1, 3600),
         Lever("rate_limit", float, 0.0, "Rate limit per key (0 = off)", "req/s", 0, 1000),

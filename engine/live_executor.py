@@ -18,6 +18,7 @@ from engine.executor import Executor
 from engine.kernels import pick_impl
 from engine.memory import plan_kv_blocks
 from engine.model.compile import compile_model
+from engine.model.int8_linear import has_int8_dot, int8_path, quantize_model
 from engine.model.llama import Llama
 from engine.model.llama_config import model_config
 from engine.model.loader import load_model
@@ -26,7 +27,7 @@ from engine.model.sharding import check_split, keep_stage, shard_model
 from engine.model.tokenizer import load_tokenizer
 from engine.runner import ModelRunner
 from engine.threads import ThreadGovernor
-from engine.torch_dtypes import DTYPES
+from engine.torch_dtypes import DTYPES, kv_cache_dtype
 
 log = logging.getLogger("servelab.engine")
 
@@ -51,6 +52,7 @@ def load_live(config: EngineConfig) -> LiveParts:
     torch.manual_seed(config.seed)
     path = config.model or str(default_gguf_path())
     dtype = DTYPES[config.dtype]
+    kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
     # More than one rank: this process is rank 0 (engine/distributed.py), the others spawn now and
     # load while it does.
     if world_size(config) > 1:
@@ -63,9 +65,10 @@ def load_live(config: EngineConfig) -> LiveParts:
             shard_model(model, 0, config.tensor_parallel)
         if config.pipeline_parallel > 1:
             keep_stage(model, 0, config.pipeline_parallel)
+        quantize_model(model, config.quantization, config.device)
         if group is not None:
             group.connect()
-        memory = plan_kv_blocks(config, model, dtype)
+        memory = plan_kv_blocks(config, model, kv_dtype)
         if group is not None:  # the rank with the least room sets the block count for all
             blocks = group.start(model, num_layers, memory.weight_bytes, memory.num_blocks, memory.bytes_per_block)
             memory = dataclasses.replace(memory, num_blocks=blocks)
@@ -74,7 +77,9 @@ def load_live(config: EngineConfig) -> LiveParts:
             group.close()
         raise
     tokenizer = load_tokenizer(path)
-    runner = ModelRunner(model, memory.num_blocks, config.block_size, dtype, config.device, config.huge_pages)
+    runner = ModelRunner(model, memory.num_blocks, config.block_size, kv_dtype, config.device, config.huge_pages)
+    if kv_dtype != dtype:  # the C++ op and the Triton kernels read the cache in the queries' dtype
+        model.attention_impl = "torch"
     if group is not None:
         runner.on_step = group.send_step
         if config.pipeline_parallel > 1:
@@ -86,6 +91,8 @@ def load_live(config: EngineConfig) -> LiveParts:
         runner.governor = ThreadGovernor(torch.get_num_threads())
     if config.compile and config.batch_invariant:  # Inductor would fuse the split matmuls back
         log.info("compile: skipped (batch_invariant keeps the eager, row-tiled matmuls)")
+    elif config.compile and model.attention_impl == "torch":
+        log.info("compile: skipped (an fp8 KV cache takes the torch attention path)")
     elif config.compile:
         compile_model(model, runner.kv_caches, config.max_batched_tokens, config.max_num_seqs)
     plan = machine.EnginePlan(
@@ -93,8 +100,9 @@ def load_live(config: EngineConfig) -> LiveParts:
         config.dtype,
         dtype_reason,
         # what the model did, not what it could have: it prepacks only where linear_path allowed
-        "onednn-prepacked" if model.packed_lm_head is not None else ("cublas" if config.device.startswith("cuda") else "torch"),
-        machine.attention_path(config.device, pick_impl(None, model.embed) == "cpu"),
+        linear_description(model, config),
+        machine.attention_path(config.device, pick_impl(model.attention_impl, model.embed) == "cpu")
+        + ("" if kv_dtype == dtype else f", KV cache {config.kv_cache_dtype}"),
         model.compiled_forward is not None,
         torch.get_num_threads(),
         machine.cpu().describe() if config.device == "cpu" else machine.describe_cuda(),
@@ -103,3 +111,14 @@ def load_live(config: EngineConfig) -> LiveParts:
     log.info("%s on %s: %s. %s", Path(path).name, config.device, plan.summary(), memory.describe())
     executor = Executor(Path(path).name, model.cfg, memory, runner, tokenizer)
     return LiveParts(config, dtype, model, plan, group, executor)
+
+
+def linear_description(model: Llama, config: EngineConfig) -> str:
+    """The linears' path as the plan says it: "onednn-prepacked", "torch", "cublas", or the int8
+    GEMM's ("int8 onednn-vnni", "int8 onednn-7bit", "int8 int_mm")."""
+    if config.quantization == "int8":
+        path = int8_path(config.device)
+        return "int8 " + ("int_mm" if path != "onednn" else ("onednn-vnni" if has_int8_dot() else "onednn-7bit"))
+    if model.packed_lm_head is not None:
+        return "onednn-prepacked"
+    return "cublas" if config.device.startswith("cuda") else "torch"

@@ -253,7 +253,7 @@ class EnginePlan:
     device: str
     dtype: str
     dtype_reason: str
-    linear: str  # "onednn-prepacked", "torch" (MKL/OpenBLAS/Accelerate), "cublas"
+    linear: str  # "onednn-prepacked", "torch" (MKL/OpenBLAS/Accelerate), "cublas", "int8 <path>" (int8_linear.py)
     attention: str  # "cpu-op/<tier>", "torch", "triton"
     compile: bool
     threads: int

@@ -48,9 +48,10 @@ class MemoryPlan:
 
 
 def weight_footprint(model: Llama) -> tuple[int, int]:
-    """(bytes the weights occupy, prepacked copies included; the parameters once each)."""
+    """(bytes the weights occupy, prepacked copies included; the parameters once each, int8
+    weights in place of the ones they replace)."""
     unique = {id(p): p for p in model.parameters()}.values()  # the tied head counts once
-    param_bytes = sum(p.numel() * p.element_size() for p in unique)
+    param_bytes = sum(p.numel() * p.element_size() for p in unique) + model.int8_bytes()
     return param_bytes + model.packed_bytes(), param_bytes
 
 
@@ -93,14 +94,15 @@ def plan_budget(
     )
 
 
-def plan_kv_blocks(config: EngineConfig, model: Llama, dtype: torch.dtype) -> MemoryPlan:
-    """model.cfg is this rank's shard under tensor parallelism: its weights and KV heads only."""
+def plan_kv_blocks(config: EngineConfig, model: Llama, kv_dtype: torch.dtype) -> MemoryPlan:
+    """model.cfg is this rank's shard under tensor parallelism: its weights and KV heads only;
+    kv_dtype the cache's element type."""
     import torch
 
     cfg = model.cfg
     weight_bytes, param_bytes = weight_footprint(model)
     cap = int(config.memory_cap_mb * MB)
-    elem = torch.finfo(dtype).bits // 8
+    elem = torch.finfo(kv_dtype).bits // 8
     return plan_budget(config, cfg, weight_bytes, param_bytes, elem, cap, activation_bytes(config, cfg))
 
 

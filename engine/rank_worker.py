@@ -45,11 +45,12 @@ def _die_with_parent() -> None:
 def worker_main(config: EngineConfig, rank: int, port: int, conn: Any, cores: list[int] | None, parent: int) -> None:
     """Load the model, keep this rank's part, then run each step rank 0 sends until None."""
     from engine.memory import plan_kv_blocks, weight_footprint
+    from engine.model.int8_linear import quantize_model
     from engine.model.loader import load_model
     from engine.model.paths import default_gguf_path
     from engine.model.sharding import keep_stage, shard_model
     from engine.runner import ModelRunner
-    from engine.torch_dtypes import DTYPES
+    from engine.torch_dtypes import DTYPES, kv_cache_dtype
 
     _die_with_parent()
     if os.getppid() != parent:
@@ -66,7 +67,9 @@ def worker_main(config: EngineConfig, rank: int, port: int, conn: Any, cores: li
             shard_model(model, tp_rank, tp)
         if pp > 1:
             keep_stage(model, stage, pp)
-        plan = plan_kv_blocks(config, model, dtype)
+        quantize_model(model, config.quantization, device)
+        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, dtype)
+        plan = plan_kv_blocks(config, model, kv_dtype)
         conn.send(("ready", weight_footprint(model)[0], plan.num_blocks, plan.bytes_per_block))
         stage_group = join_group(config, rank, port)
         _, num_blocks = conn.recv()
@@ -75,7 +78,9 @@ def worker_main(config: EngineConfig, rank: int, port: int, conn: Any, cores: li
         return
     if tp > 1:
         model.all_reduce = AllReduceTimer(stage_group)
-    runner = ModelRunner(model, num_blocks, config.block_size, dtype, device, config.huge_pages)
+    runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, device, config.huge_pages)
+    if kv_dtype != dtype:  # as rank 0 (live_executor.py): the torch kernels widen the fp8 cache
+        model.attention_impl = "torch"
     last = stage == pp - 1
     # Where this rank's output goes: the next stage's same TP rank, or rank 0 from the last stage's lead.
     dst = None if last and tp_rank != 0 else (0 if last else rank + tp)

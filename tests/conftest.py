@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from functools import cache
 from pathlib import Path
@@ -9,6 +10,11 @@ from typing import Any
 import pytest
 
 REFERENCE = Path(__file__).parent / "reference" / "hf_greedy.json"
+
+# The servers the suite starts (`python -m engine serve`, `python app.py`) serve EngineConfig's
+# eager defaults: dozens of replica starts would each pay the compile (engine/launch/served.py).
+# tests/test_served_config.py starts one without it.
+os.environ["SERVELAB_SERVE_EAGER"] = "1"
 CHROMIUM = "/usr/bin/chromium"
 
 # The suite's tiers, read from each module's source (`make test-fast` runs the first):

@@ -65,6 +65,8 @@ def store_kv(
         return
     for new, cache in ((k, k_cache), (v, v_cache)):
         # [num_blocks * block_size, KVH, D]; view, not reshape: a copy would silently drop the writes.
+        if cache.dtype == torch.float8_e4m3fn:  # index_copy_ has no fp8 kernel: copy the bytes
+            cache, new = cache.view(torch.uint8), new.to(cache.dtype).view(torch.uint8)
         cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, new)
 
 
@@ -108,8 +110,8 @@ def paged_attention_decode(
         num_blocks = -(-int(lens.max()) // block_size)
         tables = block_tables[rows, :num_blocks].reshape(-1)
         max_len = num_blocks * block_size
-        keys = _gather_blocks(k_heads, tables).view(num_kv_heads * n, max_len, head_dim)
-        values = _gather_blocks(v_heads, tables).view(num_kv_heads * n, max_len, head_dim)
+        keys = _gather_blocks(k_heads, tables, q.dtype).view(num_kv_heads * n, max_len, head_dim)
+        values = _gather_blocks(v_heads, tables, q.dtype).view(num_kv_heads * n, max_len, head_dim)
         scores = torch.bmm(queries[:, rows].reshape(-1, group, head_dim), keys.transpose(1, 2)).float()
         pad = torch.arange(max_len, device=q.device)[None, :] >= lens[:, None]
         scores.view(num_kv_heads, n, group, max_len).mul_(scale).masked_fill_(pad[None, :, None, :], float("-inf"))
@@ -146,8 +148,8 @@ def prefill_attention(
     else:
         kvh = k_cache.shape[2]
         total = num_cached + n
-        keys = _gather_blocks(k_cache.permute(2, 0, 1, 3), block_table).view(kvh, -1, head_dim)[:, :total]
-        values = _gather_blocks(v_cache.permute(2, 0, 1, 3), block_table).view(kvh, -1, head_dim)[:, :total]
+        keys = _gather_blocks(k_cache.permute(2, 0, 1, 3), block_table, q.dtype).view(kvh, -1, head_dim)[:, :total]
+        values = _gather_blocks(v_cache.permute(2, 0, 1, 3), block_table, q.dtype).view(kvh, -1, head_dim)[:, :total]
         positions = torch.arange(total, device=q.device)
         mask = positions[None, :] <= positions[num_cached:, None]
         causal = False
@@ -163,10 +165,14 @@ def prefill_attention(
     return out[0].transpose(0, 1)
 
 
-def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """cache [KVH, NB, bs, D] -> [KVH, len(block_ids), bs, D]. One index_select per head along
-    dim 0 is a block memcpy; advanced indexing, or selecting along dim 1, ran 2-5x slower here."""
+def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """cache [KVH, NB, bs, D] -> [KVH, len(block_ids), bs, D] in dtype. One index_select per head
+    along dim 0 is a block memcpy; advanced indexing, or selecting along dim 1, ran 2-5x slower
+    here. An fp8 cache (kv_cache_dtype) is widened to the queries' dtype once gathered."""
+    stored = cache.dtype
+    if stored == torch.float8_e4m3fn:  # index_select has no fp8 kernel: gather the bytes
+        cache = cache.view(torch.uint8)
     out = torch.empty((cache.shape[0], block_ids.shape[0], *cache.shape[2:]), dtype=cache.dtype, device=cache.device)
     for h in range(cache.shape[0]):
         torch.index_select(cache[h], 0, block_ids, out=out[h])
-    return out
+    return out if stored == dtype else out.view(stored).to(dtype)

@@ -53,6 +53,10 @@ def _register_fakes() -> None:
     def _(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
         return x.new_empty(*x.shape[:-1], out_features)
 
+    @torch.library.register_fake("servelab::linear_int8")
+    def _(x: torch.Tensor, packed: torch.Tensor, w_scale: torch.Tensor, w_zp: torch.Tensor, out_features: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], out_features)
+
     @torch.library.register_fake("servelab::greedy_pick")
     def _(logits: torch.Tensor, *_: object) -> torch.Tensor:
         return logits.new_empty(logits.shape[0], dtype=torch.long)

@@ -25,6 +25,7 @@ SOURCES = [
     CSRC / "attention_avx2.cpp",
     CSRC / "prefill_amx.cpp",
     CSRC / "token_pick.cpp",
+    CSRC / "linear_int8.cpp",
 ]
 HEADERS = [
     CSRC / "cpu_isa.h",
@@ -32,6 +33,7 @@ HEADERS = [
     CSRC / "paged_attention_loops.h",
     CSRC / "prefill_amx.h",
     CSRC / "token_pick.h",
+    CSRC / "linear_int8.h",
     CSRC / "simd_exp.h",
 ]
 ROOT = Path(__file__).resolve().parents[2] / ".cache" / "kernels"

@@ -11,11 +11,13 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from engine.kernels import cpu_attention
+from engine.model.int8_linear import Int8Weight
 from engine.model.llama import Llama, linear
 
 log = logging.getLogger("servelab")
@@ -46,21 +48,32 @@ def compile_model(
     start = time.perf_counter()
     # Sizes 0 and 1 are not specialised on, so the one graph serves batch 1 as well as batch 64:
     # with its guards dropped, a specialised graph would be reused for shapes it does not fit.
-    with torch.fx.experimental._config.patch(backed_size_oblivious=True), torch.inference_mode():
+    # The model's floats (the attention scale, RMSNorm's eps) are constants: specialised at once,
+    # Dynamo does not trace them symbolically and then restart (that first attempt cost 18 of a
+    # warm-cache compile's 27 s here).
+    with (
+        torch.fx.experimental._config.patch(backed_size_oblivious=True),
+        torch._dynamo.config.patch(specialize_float=True),
+        torch.inference_mode(),
+    ):
         compiled(*_dummy_step(model), kv_caches)
-    model.compiled_forward = compiled
     took = time.perf_counter() - start
     log.info("compile: forward ready in %.1f s (cache %s)", took, os.environ["TORCHINDUCTOR_CACHE_DIR"])
     if max_tokens or max_rows:
         start = time.perf_counter()
-        warm_shapes(model, kv_caches, max_tokens, max_rows)
+        warm_shapes(model, kv_caches, max_tokens, max_rows, compiled)
         log.info("compile: step shapes warmed in %.1f s", time.perf_counter() - start)
+    model.compiled_forward = compiled
     return took
 
 
 @torch.inference_mode()
 def warm_shapes(
-    model: Llama, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], max_tokens: int, max_rows: int
+    model: Llama,
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    max_tokens: int,
+    max_rows: int,
+    forward: Callable[..., torch.Tensor] | None = None,
 ) -> None:
     """oneDNN builds a kernel for each new row count a prepacked linear meets (about 50 ms for a
     2,048-token step's five shapes here, 5 ms for a decode's), and a step's activations are first
@@ -72,7 +85,7 @@ def warm_shapes(
         block_size = kv_caches[0][0].shape[1]
         blocks = -(-max_tokens // block_size)
         i32 = torch.int32
-        model.compiled_forward(  # one sequence of max_tokens over block 0, K/V written nowhere
+        (forward or model.compiled_forward)(  # one sequence of max_tokens over block 0, K/V written nowhere
             torch.zeros(max_tokens, dtype=torch.long),
             torch.arange(max_tokens),
             torch.full((max_tokens,), -1, dtype=torch.long),
@@ -90,8 +103,9 @@ def warm_linears(model: Llama, max_rows: int) -> None:
     layer = model.layers[0]
     for rows in range(1, max_rows + 1):
         for name in ("qkv", "o", "gate_up", "down"):
-            weight = getattr(layer, name)
-            linear(weight.new_zeros(rows, weight.shape[1]), weight, layer.packed.get(name))
+            weight, packed = getattr(layer, name), layer.packed.get(name)
+            width = packed.in_features if isinstance(packed, Int8Weight) else weight.shape[1]
+            linear(model.embed.new_zeros(rows, width), weight, packed)
         model.raw_logits(model.embed.new_zeros(rows, model.cfg.hidden_size))
 
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from engine import machine
 from engine.kernels import Impl, cpu_attention, paged_attention_decode, pick_impl, prefill_attention, store_kv
+from engine.model.int8_linear import Int8Weight, int8_linear
 from engine.model.llama_config import LlamaConfig  # re-exported: the model's shape, torch-free
 
 
@@ -52,7 +53,8 @@ class DecoderLayer(nn.Module):
         self.post_norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size))
         self.down = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size))
-        self.packed: dict[str, torch.Tensor] = {}  # oneDNN-blocked copies, see Llama.prepack
+        # oneDNN-blocked copies (Llama.prepack), or the int8 weights themselves (int8_linear.py)
+        self.packed: dict[str, torch.Tensor | Int8Weight] = {}
 
 
 # batch_invariant: every matmul is called with exactly this many rows (the last tile zero-padded).
@@ -63,7 +65,11 @@ class DecoderLayer(nn.Module):
 INVARIANT_ROWS = 32
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None, invariant: bool = False) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | Int8Weight | None, invariant: bool = False
+) -> torch.Tensor:
+    if isinstance(packed, Int8Weight):  # integer sums: batch-invariant as they are
+        return int8_linear(x, packed)
     if invariant:
         rows = x.shape[0]
         padded = F.pad(x, (0, 0, 0, -rows % INVARIANT_ROWS))
@@ -115,9 +121,14 @@ class Llama(nn.Module):
         return True
 
     def packed_bytes(self) -> int:
-        tensors = [t for layer in self.layers for t in layer.packed.values()]
-        tensors += [self.packed_lm_head] if self.packed_lm_head is not None else []
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """The oneDNN-blocked copies of weights the parameters also hold."""
+        packed = [t for layer in self.layers for t in layer.packed.values() if not isinstance(t, Int8Weight)]
+        packed += [self.packed_lm_head] if self.packed_lm_head is not None else []
+        return sum(t.numel() * t.element_size() for t in packed)
+
+    def int8_bytes(self) -> int:
+        """The int8 weights (quantization=int8), which replace their parameters."""
+        return sum(t.nbytes for layer in self.layers for t in layer.packed.values() if isinstance(t, Int8Weight))
 
     def choose_long_chunks(self) -> tuple[int, bool]:
         """long_chunks, asked of the CPU once (before any compiled graph bakes it in)."""

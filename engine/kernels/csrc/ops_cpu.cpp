@@ -1,7 +1,7 @@
 // The ops' entry points and registration (torch.ops.servelab.*): the varlen attention op, which
 // sends each sequence's chunk to its path (the loops of paged_attention_cpu.cpp for decodes and
 // short chunks; AMX tiles, prefill_amx.cpp, or torch's SDPA for long ones), the cache write, and
-// oneDNN's prepacked linear as an op of this library.
+// oneDNN's prepacked linears (fp32/bf16, and int8: linear_int8.cpp) as ops of this library.
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu_isa.h"
+#include "linear_int8.h"
 #include "paged_attention_loops.h"
 #include "prefill_amx.h"
 #include "token_pick.h"
@@ -159,6 +160,7 @@ TORCH_LIBRARY(servelab, m) {
   m.def("cpu_isa", &cpu_isa);  // the tier's name, as engine.machine.cpu().tier
   m.def("has_amx", &servelab::amx_available);
   m.def("linear_prepacked(Tensor x, Tensor packed, int out_features) -> Tensor");
+  m.def("linear_int8(Tensor x, Tensor packed, Tensor w_scale, Tensor w_zero_point, int out_features) -> Tensor");
   m.def("greedy_pick(Tensor logits, int isa=-1) -> Tensor");
   m.def("sample_pick(Tensor logits, Tensor inv_temperature, Tensor uniforms, int isa=-1) -> Tensor");
 }
@@ -168,9 +170,13 @@ TORCH_LIBRARY_IMPL(servelab, CPU, m) {
   m.impl("paged_attention_out", paged_attention_out);
   m.impl("store_kv", store_kv);
   m.impl("linear_prepacked", linear_prepacked);
+  m.impl("linear_int8", servelab::linear_int8);
   m.impl("greedy_pick", servelab::greedy_pick);
   m.impl("sample_pick", servelab::sample_pick);
 }
 
 // The prepacked weight is an opaque oneDNN tensor, whose dispatch key (MkldnnCPU) picks the kernel.
-TORCH_LIBRARY_IMPL(servelab, MkldnnCPU, m) { m.impl("linear_prepacked", linear_prepacked); }
+TORCH_LIBRARY_IMPL(servelab, MkldnnCPU, m) {
+  m.impl("linear_prepacked", linear_prepacked);
+  m.impl("linear_int8", servelab::linear_int8);
+}
