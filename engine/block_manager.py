@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from typing import cast
 
 from engine.sequence import Sequence
 
@@ -29,6 +30,30 @@ def chain_hash(parent: bytes, token_ids: tuple[int, ...]) -> bytes:
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
+
+
+class BlockReader:
+    """One sequence's blocks as tuples, block i = tokens [i x bs, (i + 1) x bs). The first few are
+    read alone (a decode step's one new block of a 6,000-token prompt copies 16 tokens, not
+    6,000); past them, one list of its tokens is sliced (a prompt's hundreds of blocks at C speed,
+    where a what-if prompt's runs would be walked block by block)."""
+
+    __slots__ = ("_reads", "_tokens", "bs", "seq")
+    FEW = 4
+
+    def __init__(self, seq: Sequence, bs: int) -> None:
+        self.seq, self.bs = seq, bs
+        self._tokens: list[int] | None = None
+        self._reads = 0
+
+    def __call__(self, i: int) -> tuple[int, ...]:
+        bs = self.bs
+        if self._tokens is None:
+            self._reads += 1
+            if self._reads <= self.FEW:
+                return self.seq.block_tokens(i * bs, (i + 1) * bs)
+            self._tokens = self.seq.token_ids
+        return tuple(self._tokens[i * bs : (i + 1) * bs])
 
 
 class BlockManager:
@@ -62,15 +87,21 @@ class BlockManager:
         bs = self.block_size
         max_blocks = (seq.num_tokens - 1) // bs
         self._hash_full_blocks(seq, max_blocks)
-        tokens = seq.token_ids
-        found: list[int] = []
-        for i, block_hash in enumerate(seq.block_hashes[:max_blocks]):
-            block_id = self.cached.get(block_hash)
-            if block_id is None:
+        looked = list(map(self.cached.get, seq.block_hashes[:max_blocks]))
+        found = cast("list[int]", looked[: looked.index(None)] if None in looked else looked)  # up to a miss
+        # Blocks compared with this sequence's tokens before still cache the same hash (eviction
+        # unmaps a hash), so the same tokens: a waiting request looked up every step skips them.
+        known, same = seq.verified_blocks, 0
+        if known:
+            same = min(len(known), len(found))
+            if tuple(found[:same]) != known[:same]:
+                same = next(i for i in range(same) if found[i] != known[i])
+        block = BlockReader(seq, bs)
+        for i in range(same, len(found)):
+            if self.tokens[found[i]] != block(i):
+                del found[i:]  # a hash collision: never reuse blocks whose tokens differ
                 break
-            if self.tokens[block_id] != tuple(tokens[i * bs : (i + 1) * bs]):
-                break  # a hash collision: never reuse blocks whose tokens differ
-            found.append(block_id)
+        seq.verified_blocks = tuple(found)
         return found
 
     def can_admit(self, prefix: list[int], num_new_tokens: int) -> bool:
@@ -116,13 +147,12 @@ class BlockManager:
         if num_full <= seq.num_published_blocks:
             return
         self._hash_full_blocks(seq, num_full)
-        tokens = seq.token_ids
-        bs = self.block_size
+        block = BlockReader(seq, self.block_size)
         for i in range(seq.num_published_blocks, num_full):
             block_id, block_hash = seq.block_table[i], seq.block_hashes[i]
             if self.hashes[block_id] is None and block_hash not in self.cached:
                 self.hashes[block_id] = block_hash
-                self.tokens[block_id] = tuple(tokens[i * bs : (i + 1) * bs])
+                self.tokens[block_id] = block(i)
                 self.cached[block_hash] = block_id
         seq.num_published_blocks = num_full
 
@@ -189,8 +219,7 @@ class BlockManager:
     def _hash_full_blocks(self, seq: Sequence, num_blocks: int) -> None:
         if len(seq.block_hashes) >= num_blocks:
             return
-        bs = self.block_size
-        tokens = seq.token_ids
+        block = BlockReader(seq, self.block_size)
         for i in range(len(seq.block_hashes), num_blocks):
             parent = seq.block_hashes[-1] if seq.block_hashes else b""
-            seq.block_hashes.append(chain_hash(parent, tuple(tokens[i * bs : (i + 1) * bs])))
+            seq.block_hashes.append(chain_hash(parent, block(i)))

@@ -74,6 +74,11 @@ LEVERS: dict[str, Lever] = {
         Lever("prompt_tokens", int, 200, "Prompt length (mean)", "tokens", 1, 32768, apply="load"),
         Lever("output_tokens", int, 64, "Output length (mean)", "tokens", 1, 32768, apply="load"),
         Lever("burstiness", float, 1.0, "Burstiness (1 = Poisson)", "", 0.1, 10, apply="load"),
+        # Prompts that share prefixes (engine/serving/load/prompt_mix.py): one system prompt at the head
+        # of a share of the requests, inside prompt_tokens; conversations that resend their history.
+        Lever("system_prompt_tokens", int, 0, "Shared system prompt", "tokens", 0, 32768, apply="load"),
+        Lever("system_prompt_share", float, 1.0, "Requests carrying it", "", 0, 1, apply="load"),
+        Lever("conversation_turns", int, 1, "Turns per conversation", "", 1, 16, apply="load"),
         Lever("model", str, MODELS[0], "Model", choices=MODELS, apply="rebuild"),
         Lever("gpu_count", int, 1, "Devices", "", 1, 512),  # the device budget the autoscaler scales within
         Lever("ttft_target_ms", int, 1000, "TTFT target (p99)", "ms", 10, 60000),

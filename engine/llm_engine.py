@@ -21,7 +21,7 @@ from engine.detokenizer import detokenize_step
 from engine.errors import InvalidParamError
 from engine.executor import Executor
 from engine.multi_step import HeldRun
-from engine.prompt_ids import checked_prompt_ids
+from engine.prompt_ids import PromptIds, checked_prompt_ids
 from engine.ranks import tp_stats
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
@@ -115,7 +115,7 @@ class LLMEngine:
         request_id: str,
         prompt: str | None = None,
         params: SamplingParams | None = None,
-        prompt_token_ids: list[int] | range | None = None,
+        prompt_token_ids: PromptIds | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
         deadline: float | None = None,

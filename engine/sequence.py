@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.prompt_ids import PromptIds
 from engine.sampling_params import SamplingParams
 
 
@@ -91,7 +92,7 @@ class DetokenizerState:
 @dataclass(eq=False, slots=True)  # identity: two requests with equal fields are still two requests
 class Sequence:
     request_id: str
-    prompt_token_ids: list[int] | range  # a range: a what-if prompt (engine/sim/workload.py)
+    prompt_token_ids: PromptIds  # a range or TokenRuns: a what-if prompt (engine/sim/workload.py)
     params: SamplingParams
     times: RequestTimes
     priority: int = 0  # lower runs sooner; waiting time raises it further
@@ -114,6 +115,9 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
+    # The cached blocks its tokens were last compared with (BlockManager.find_cached_prefix): a
+    # waiting request is looked up every step, and a long shared prefix need not be compared again.
+    verified_blocks: tuple[int, ...] = ()
     num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
     num_preemptions: int = 0
     # In a batch still going through a replica's pipeline stages: not scheduled again, nor
@@ -138,6 +142,17 @@ class Sequence:
     @property
     def token_ids(self) -> list[int]:
         return [*self.prompt_token_ids, *self.output_token_ids]
+
+    def block_tokens(self, start: int, end: int) -> tuple[int, ...]:
+        """Tokens [start, end) without building token_ids: the block manager hashes and compares
+        one block at a time, and a long prompt's whole list, rebuilt on every look at the cache
+        (a waiting request is looked up each step), cost a shared-prefix what-if run most of its time."""
+        prompt, n = self.prompt_token_ids, len(self.prompt_token_ids)
+        if end <= n:
+            return tuple(prompt[start:end])
+        if start >= n:
+            return tuple(self.output_token_ids[start - n : end - n])
+        return (*prompt[start:], *self.output_token_ids[: end - n])
 
     def token_at(self, index: int) -> int:
         n = len(self.prompt_token_ids)

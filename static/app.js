@@ -37,6 +37,8 @@
                ["warm pool", (s) => (s.replicas.warm || 0) + (s.replicas.warming || 0), "dot"]],
     batch_size: [["batch", (s) => s.batch_size], ["slots", (s) => s.max_num_seqs, "dot"]],
     allreduce_ms: [["all-reduce ms per step", (s) => s.allreduce_ms], ["ITL p50 ms", (s) => (s.itl_p50 === null ? null : s.itl_p50 * 1000)]],
+    // Prompt tokens found in the prefix cache at admission, over the snapshot's window, as a percent.
+    prefix_hit_rate: [["hit rate %", (s) => (s.prefix_hit_rate == null ? null : s.prefix_hit_rate * 100)]],
     stage_idle: [0, 1, 2, 3].map((i) => ["stage " + i + " idle %", (s) => (s.stage_idle && i < s.stage_idle.length ? s.stage_idle[i] * 100 : null)]),
     scaling: [["scale changes", (s) => s.scale_changes_total], ["replicas ordered", (s) => s.replicas_ordered_total],
               ["streams cut mid-stream", (s) => s.streams_cut_mid_stream]],

@@ -23,6 +23,7 @@
     ["gpus_used", "GPUs used", (v) => fmt(v, 0), null], ["gpu_hours", "GPU-hours", (v) => fmt(v, 3), false],
     ["cost_per_mtok_usd", "Cost per million output tokens", (v) => "$" + fmt(v, 3), false],
     ["completed", "Completed requests", (v) => fmt(v, 0), true], ["refused", "Refused or expired", (v) => fmt(v, 0), false],
+    ["prefix_hit_rate", "Prefix-cache hit rate (prompt tokens)", (v) => fmt(v * 100, 1) + "%", true],
     ["simulated_s", "Simulated seconds", (v) => fmt(v, 1), null],
   ];
   // The keys the A/B form shows at once; the rest sit under "more levers".

@@ -41,14 +41,16 @@ class ServerProcess:
         command: tuple[str, ...] = ("-m", "engine", "serve"),
         env: dict[str, str] | None = None,
         wait_ready: bool = True,
+        root: Path = ROOT,
     ) -> None:
-        """wait_ready=False: return once the server answers at all (a fleet that cannot serve)."""
+        """wait_ready=False: return once the server answers at all (a fleet that cannot serve).
+        root: the repository it runs from (a copy of this one, in a test that edits files)."""
         self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "SERVELAB_API_KEYS": api_keys, **(env or {})}
+        env = {**os.environ, "PYTHONPATH": str(root), "SERVELAB_API_KEYS": api_keys, **(env or {})}
         self.log = open(ROOT / "tests" / f".server-{self.port}.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, *command, "--port", str(self.port), *flags],
-            cwd=ROOT,
+            cwd=root,
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,

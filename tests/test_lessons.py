@@ -63,13 +63,15 @@ def write(tmp_path: Path, text: str, name: str = "02-queue.md") -> Path:
     return path
 
 
-def test_shipped_lessons_are_valid_and_cover_every_step() -> None:
+def test_shipped_lessons_are_valid_and_each_has_its_own_step() -> None:
     files = sorted(LESSONS_DIR.glob("*.md"))
-    assert len(files) == 8
     for path in files:
         _lesson, errors = parse_lesson(path)
         assert not errors, [str(e) for e in errors]
-    assert [lesson.step for lesson in LessonLibrary().lessons()] == list(range(1, 9))
+    library = LessonLibrary()
+    steps = [lesson.step for lesson in library.lessons()]
+    assert len(steps) == len(files) and steps == sorted(set(steps)) and not library.broken()
+    assert sum(bool(lesson.meta.get("finale")) for lesson in library.lessons()) == 1
     assert main(["lessons", "check"]) == 0
 
 
@@ -83,7 +85,7 @@ def test_shipped_lessons_are_valid_and_cover_every_step() -> None:
         (("      correct: false", "      correct: true"), 16, "exactly one option"),
         (("    watch: The queue_depth chart fills, then drains.", "    watch: ''"), 12, "watch"),
         (("title: Put a queue in front", "title: [unclosed"), 3, "YAML"),
-        (("failure_modes:", "failure_mode:"), 23, "unknown field"),
+        (("failure_modes:", "failure_mode:"), 23, "unknown key 'failure_mode' in the front matter: did you mean"),
         # A Break it card's levers must be levers, and the step's defence levers must all be used.
         (("{queue_cap: 10000, queue_bound", "{queue_kap: 10000, queue_bound"), 25, "unknown lever 'queue_kap'"),
         ((", central_queue: false}", "}"), 23, "defence lever 'central_queue' of step 2"),
@@ -110,8 +112,8 @@ def test_break_it_cards_use_the_defence_levers_of_their_step(tmp_path: Path) -> 
     bad = write(tmp_path, GOOD.replace("central_queue: false}", "central_queues: false}"), "02-bad.md")
     errors = parse_lesson(bad)[1]
     assert [(e.line, e.message) for e in errors] == [
-        (25, "unknown lever 'central_queues'"),
         (23, "no Break it card sets the defence lever 'central_queue' of step 2"),
+        (25, "unknown lever 'central_queues' in failure_modes[0]'s levers: did you mean 'central_queue'?"),
     ]
     assert check_table() == []
 

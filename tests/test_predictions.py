@@ -67,7 +67,7 @@ def test_a_card_without_a_prediction_is_refused(tmp_path: Path) -> None:
         ),
         (
             "    predict: {question: 'Q?', options: [a, b], answer: 0, metric: queue_depth, hint: x}\n",
-            "unknown field 'hint'",
+            "unknown key 'hint' in failure_modes[0]'s predict",
         ),
         ("    predict: 'rises'\n", "predict must be a mapping"),
     ],

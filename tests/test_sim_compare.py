@@ -13,6 +13,7 @@ from engine.errors import InvalidParamError
 from engine.lab.simulated.predict import live_spec, predict, windowed_tokens_per_s
 from engine.levers import LEVERS
 from engine.sim.compare import (
+    RESULT_KEYS,
     as_cli_spec,
     command_for,
     gpu_seconds,
@@ -59,6 +60,15 @@ def test_the_table_is_the_runs_summaries_and_the_command_reproduces_them() -> No
         for key in ("output_tok_s", "ttft_p99_s", "tpot_p50_s", "goodput_req_s", "simulated_s"):
             assert again[key] == pytest.approx(side["summary"][key], rel=1e-9), key
         assert side["timeline"] and side["timeline"][-1]["t"] == pytest.approx(side["summary"]["simulated_s"])
+
+
+def test_every_quotable_key_is_a_number_of_a_run() -> None:
+    """A lesson may quote RESULT_KEYS (web/lesson_checks.py refuses others): each is in a side's
+    summary and row, a number."""
+    side = run_experiment(parse_experiment(small_tp()))["a"]
+    figures = side["summary"] | side["row"]
+    for key in RESULT_KEYS:
+        assert isinstance(figures.get(key), (int, float)) and not isinstance(figures[key], bool), key
 
 
 def test_commands_round_trip_for_every_preset() -> None:

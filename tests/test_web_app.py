@@ -22,7 +22,7 @@ CHROMIUM = "/usr/bin/chromium"
 TOKEN = "teacher-secret"
 API_KEY = "outside-client-key"
 ARTIFACTS = ROOT / "tests" / "artifacts"
-PAGES = ["/", *(f"/steps/{n}" for n in range(1, 9)), "/lab"]
+PAGES = ["/", *(f"/steps/{lesson.step}" for lesson in LessonLibrary().lessons()), "/lab", "/authoring"]
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
 
@@ -88,6 +88,9 @@ def test_every_page_loads_shows_its_levers_and_streams_charts(server: ServerProc
                 expect(page.locator("#figures-note")).to_contain_text("measured on")
         elif path == "/lab":
             keys, charts = list(LEVERS), ["queue_depth", "kv_blocks", "ttft", "replicas", "batch_size"]
+        elif path == "/authoring":
+            keys, charts = [], []
+            expect(page.locator("#authoring h1")).to_have_text("Writing a lesson")
         else:
             keys, charts = [], []
             expect(page.locator("#live-model")).to_contain_text("SmolLM2")
@@ -370,3 +373,21 @@ def test_step_3_long_prompt_is_answered_with_keys_set(server: ServerProcess, pag
     except AssertionError as exc:  # say what the fleet looked like: which replica held what
         snapshot = page.evaluate("JSON.stringify(window.servelab.last)")
         raise AssertionError(f"{exc}\nthe latest snapshot: {snapshot[:4000]}") from None
+
+
+def test_step_9_shares_a_system_prompt_and_the_hit_rate_shows_it(server: ServerProcess, page: Page) -> None:
+    """Step 9 (written in markdown alone, issue 41): its first card gives every request one
+    512-token system prompt, and the prefix_hit_rate chart, the engine's own counters, climbs."""
+    open_as_instructor(page, server, "/steps/9")
+    page.click("[data-kind=scenarios][data-scenario='0']")
+    box = page.locator(".predict-box")
+    expect(box.locator(".predict-question")).to_contain_text("Predict first:")
+    box.locator(".predict-number input").fill("0.8")
+    box.locator(".predict-number button").click()
+    expect(page.locator("#scenario-result")).to_contain_text("Watch:")
+    wait_for(page, "window.servelab.lab.levers.system_prompt_tokens === 512", 10)
+    # The rebuild to two replicas and the first misses come first; then the hits.
+    wait_for(page, "(() => { const d = document.getElementById('chart-prefix_hit_rate').data[0].y;"
+                   " return d.length && d[d.length - 1] > 30; })()", 240)
+    page.click("#traffic-stop")
+    page.evaluate("window.servelab.socket.emit('set_levers', {system_prompt_tokens: 0})")

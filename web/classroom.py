@@ -51,7 +51,7 @@ class ClassRegistry:
     def start(self, step: Any, presented: str | None) -> Classroom:
         lessons = self.live.lessons
         if not isinstance(step, int) or isinstance(step, bool) or lessons.step(step) is None:
-            raise ServingError(400, "step must be a lesson's step number, 1 to 8", "step")
+            raise ServingError(400, "step must be the step number of a lesson", "step")
         with self.lock:
             if self.env_token and not _same(presented, self.env_token):
                 raise ServingError(403, "starting a class needs the instructor token", "token", "forbidden")

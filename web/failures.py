@@ -80,9 +80,10 @@ FAILURES: tuple[Failure, ...] = (
             "bitwise stable costs throughput (this lever is a cost, off by default).",
             needs="compare a prompt alone and inside a full batch"),
     Failure(5, "prefix_aware_routing", "The cache is on the other replica", "prefix_hit_rate", Direction.DOWN,
-            "Requests that share a long system prompt are spread without regard to where it is cached, "
-            "so each replica computes it again: hit rate halves and time to first token rises.",
-            needs="2 replicas and a shared preamble"),
+            "A conversation's history is cached where its last turn ran; spread without regard to that, later "
+            "turns land on the other replica, which computes the history again: hit rate falls and time to first "
+            "token rises. (One system prompt everyone shares is computed once per replica either way.)",
+            needs="2 replicas and multi-turn conversations (conversation_turns)"),
     Failure(6, "collective_timeout", "A stopped rank hangs the group", "tokens_per_s", Direction.DOWN,
             "One GPU of a tensor-parallel group stops answering: the others wait inside an all-reduce "
             "forever, health checks pass, and the replica serves nothing until someone looks.",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from engine.serving.telemetry.metrics import WINDOW_S
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -44,6 +46,11 @@ METRICS: dict[str, Metric] = {
                "TTFT within the TTFT target), not merely finished", _names("goodput")),
         Metric("kv_usage", "KV usage", "the share of the KV cache's blocks that hold some sequence's keys and values "
                "(vLLM's kv_cache_usage_perc)", _names("kv usage", "kv cache usage", "kv_cache_usage_perc")),
+        # Only the full term: "hit rate" alone also names an answer cache's (lesson 1) and a random
+        # prompt's zero (lesson 5), where no definition is owed.
+        Metric("prefix_hit_rate", "prefix hit rate", f"the share of prompt tokens, over the last {WINDOW_S:g} s, "
+               "found already in the KV cache when the request was admitted, counted in whole blocks (vLLM's "
+               "prefix_cache_hits over prefix_cache_queries)", _names("prefix hit rate", "prefix-cache hit rate")),
     )
 }  # fmt: skip
 

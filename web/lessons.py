@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import nh3
-import yaml
 from markdown_it import MarkdownIt
 
 from engine.levers import LEVERS
+from web.charts import CHARTS, OWN_ENGINE_CHARTS, TRACE_CHARTS  # noqa: F401 - the pages import them from here
 from web.figures import Figure, FigureBook, provenance
 from web.glossary import Metric, used_in
 from web.lesson_checks import (
     CARD_KINDS,
+    FILE_NAME,
     Checker,
     LessonError,
     check_body,
@@ -34,33 +35,14 @@ from web.lesson_checks import (
     index_lines,
     quoted_values,
 )
+from web.lesson_reference import new_lesson, reference
+from web.lesson_schema import check_keys
 from web.lesson_text import fill_levers, lever_text, render
+from web.lesson_yaml import read_front
 from web.sizing import NEEDS as CAPACITY_FIGURES
 from web.sizing import fit, relative_factor, resolve_rates
 
 LESSONS_DIR = Path(__file__).resolve().parent.parent / "lessons"
-CHARTS = {  # the live charts a lesson may name, with the title a page gives each
-    "queue_depth": "Queue depth",
-    "running": "Running and waiting requests",
-    "kv_blocks": "KV blocks used / total",
-    "ttft": "TTFT p50 / p99 (s): server and clients",
-    "itl": "ITL p50 / p99 (s)",
-    "tokens_per_s": "Output tokens/s",
-    "rejected": "Refused requests (total)",
-    "preempted": "Preemptions (total)",
-    "replicas": "Replicas by state",
-    "batch_size": "Batch size / slots",
-    "allreduce_ms": "Tensor parallel: all-reduce time per step (ms)",
-    "stage_idle": "Pipeline stages: each stage's idle share, the bubble (%)",
-    "scaling": "Autoscaler: scale changes, replicas ordered, streams cut (totals)",
-    # Drawn by static/traces.js from the `trace` event, not from the metrics snapshot.
-    "swimlanes": "Requests, one row each: queued, waiting, prefill chunks, decode, preempted, end",
-    "batch_steps": "The batch, step by step: tokens per engine step against the budget",
-    "stage_steps": "Pipeline stages, batch by batch: where each stage worked, and where it idled (the bubble)",
-}
-TRACE_CHARTS = frozenset({"swimlanes", "batch_steps", "stage_steps"})  # the charts above that are not Plotly series
-# The charts only an engine of ours can feed: the traces, and the pipeline stages' busy time.
-OWN_ENGINE_CHARTS = TRACE_CHARTS | {"stage_idle"}
 _markdown = MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
@@ -84,6 +66,7 @@ class Lesson:
 
 
 def parse_lesson(path: Path, book: FigureBook | None = None) -> tuple[Lesson | None, list[LessonError]]:
+    """The lesson, or every mistake in it (one run finds them all), in line order."""
     raw = path.read_text(encoding="utf-8")
     if not raw.startswith("---\n"):
         return None, [LessonError(path, 1, "a lesson starts with '---' and YAML front matter")]
@@ -93,35 +76,32 @@ def parse_lesson(path: Path, book: FigureBook | None = None) -> tuple[Lesson | N
     book = book or FigureBook()
     figures = book.figures()
     rendered = render(raw, figures, front_end + 5)
-    if rendered.errors:
-        return None, [LessonError(path, line, message) for line, message in rendered.errors]
     text = rendered.text
     end = text.find("\n---\n", 4)
     front, body = text[4:end], text[end + 5 :]
-    try:
-        node = yaml.compose(front, Loader=yaml.SafeLoader)
-        meta = yaml.safe_load(front)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "context_mark", None) or getattr(err, "problem_mark", None)  # where it began
-        line = getattr(mark, "line", 0) + 2
-        return None, [LessonError(path, line, f"YAML: {getattr(err, 'problem', err)}")]
+    node, meta, problem = read_front(front)
     lines: dict[tuple, int] = {}
     index_lines(node, (), lines)
     checker = Checker(path, lines, frozenset(CHARTS))
-    check_front(meta, checker)
+    checker.errors += [LessonError(path, line, message) for line, message in rendered.errors]
+    if problem is not None:
+        checker.fail_at(*problem)
+    else:
+        checker.errors += [LessonError(path, p.line, p.message) for p in check_keys(node)]
+        check_front(meta, checker)
     check_body(raw, body, raw.count("\n", 0, front_end + 5) + 1, checker)
     if isinstance(meta, dict):
         check_numbers(raw, front_end, quoted_values(meta), checker)
     relative = not checker.errors and _relative_levers(meta)
     if not checker.errors:
         try:
-            body = _resolve(meta, body, {name: fig.value for name, fig in figures.items()})
+            body = _resolve(meta, body, {name: fig.value for name, fig in figures.items()}, relative)
         except KeyError as err:
             checker.fail(("levers",), f"a rate relative to capacity needs the measured figure {err.args[0]} (make figures)")
     if checker.errors:
-        return None, checker.errors
-    problem, rest = _split_first_section(body)
-    problem_html, html = (nh3.clean(_markdown.render(part), url_schemes={"http", "https", "mailto"}) for part in (problem, rest))
+        return None, sorted(checker.errors, key=lambda e: e.line)
+    problem_text, rest = _split_first_section(body)
+    problem_html, html = render_markdown(problem_text), render_markdown(rest)
     used = rendered.figures
     if relative:  # the rates it resolved came from the capacity's figures too
         used |= {name: figures[name] for name in CAPACITY_FIGURES if name in figures}
@@ -130,12 +110,17 @@ def parse_lesson(path: Path, book: FigureBook | None = None) -> tuple[Lesson | N
     return Lesson(path, meta, html, path.stat().st_mtime, problem_html, list(used.values()), used_in(page_text)), []
 
 
-def _resolve(meta: dict[str, Any], body: str, values: dict[str, float]) -> str:
+def render_markdown(text: str) -> str:
+    """Markdown as sanitised HTML: raw tags come out as text, and only http(s) and mailto links."""
+    return nh3.clean(_markdown.render(text), url_schemes={"http", "https", "mailto"})
+
+
+def _resolve(meta: dict[str, Any], body: str, values: dict[str, float], relative: bool) -> str:
     """Rates written relative to capacity become this machine's numbers (web/sizing.py), and
     {{lever:KEY}} the value it names: a card's own inside the card, else the lesson's. The cards
     keep what was written under `relative`, for the page to show. Returns the body, filled."""
     defaults = {key: lever.default for key, lever in LEVERS.items()}
-    model = fit(values) if _relative_levers(meta) else None
+    model = fit(values) if relative else None
     lesson_levers = defaults | meta["levers"]
     if model is not None:
         meta["levers"] = resolve_rates(meta["levers"], lesson_levers, model)
@@ -185,39 +170,90 @@ def _split_first_section(body: str) -> tuple[str, str]:
     return body[: starts[1]], body[starts[1] :]
 
 
+def step_of(path: Path) -> int | None:
+    """The step a lesson file claims by its name (NN-slug.md), read without parsing it."""
+    match = FILE_NAME.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def check_together(lessons: list[Lesson]) -> list[LessonError]:
+    """What no one file can say: two lessons with one step, more than one finale."""
+    errors, first = [], {}
+    for lesson in lessons:
+        if lesson.step in first:
+            errors.append(LessonError(lesson.path, 2, f"step {lesson.step} is also {first[lesson.step].name}'s: "
+                                                      "give each lesson its own step number"))  # fmt: skip
+        else:
+            first[lesson.step] = lesson.path
+    finales = [lesson for lesson in lessons if lesson.meta.get("finale")]
+    errors += [LessonError(lesson.path, 2, f"finale: true here and in {finales[0].path.name}: a course has one finale")
+               for lesson in finales[1:]]  # fmt: skip
+    return errors
+
+
+@dataclass(frozen=True)
+class BrokenLesson:
+    """A lesson file with mistakes: the page at its step shows them, with their lines."""
+
+    path: Path
+    step: int | None
+    errors: list[LessonError]
+
+
 class LessonLibrary:
-    """The lessons of a folder, re-read whenever a file changes."""
+    """The lessons of a folder, re-read whenever a file changes. A file with mistakes is held
+    aside (`broken`), so the other pages serve on while its author reads what to fix."""
 
     def __init__(self, folder: Path = LESSONS_DIR, book: FigureBook | None = None) -> None:
         self.folder = folder
         self.book = book or FigureBook()
-        self._cache: dict[Path, tuple[tuple, Lesson]] = {}
+        self._cache: dict[Path, tuple[tuple, Lesson | BrokenLesson]] = {}
 
-    def lessons(self) -> list[Lesson]:
-        found = []
+    def _read(self) -> list[Lesson | BrokenLesson]:
+        found: list[Lesson | BrokenLesson] = []
         for path in sorted(self.folder.glob("[0-9][0-9]-*.md")):
             stamp = (path.stat().st_mtime, self.book.stamp())  # a fresh measurement re-renders it
             cached = self._cache.get(path)
             if cached is None or cached[0] != stamp:
                 lesson, errors = parse_lesson(path, self.book)
-                if lesson is None:
-                    raise ValueError("; ".join(map(str, errors)))
-                self._cache[path] = cached = (stamp, lesson)
+                self._cache[path] = cached = (stamp, lesson or BrokenLesson(path, step_of(path), errors))
             found.append(cached[1])
-        return found
+        good = [item for item in found if isinstance(item, Lesson)]
+        clashes = {err.path: err for err in check_together(good)}
+        return [BrokenLesson(item.path, item.step, [clashes[item.path]]) if item.path in clashes else item
+                for item in found]  # fmt: skip
+
+    def lessons(self) -> list[Lesson]:
+        """The valid lessons, in step order."""
+        return sorted((item for item in self._read() if isinstance(item, Lesson)), key=lambda lesson: lesson.step)
+
+    def broken(self) -> list[BrokenLesson]:
+        return [item for item in self._read() if isinstance(item, BrokenLesson)]
 
     def step(self, number: int) -> Lesson | None:
         return next((lesson for lesson in self.lessons() if lesson.step == number), None)
 
+    def broken_step(self, number: int) -> BrokenLesson | None:
+        return next((item for item in self.broken() if item.step == number), None)
+
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or argv[1] != "check":
-        print("usage: python -m web.lessons check [FILE ...]", file=sys.stderr)
+    command = argv[1] if len(argv) > 1 else ""
+    if command == "schema" and len(argv) == 2:
+        print(reference(), end="")
+        return 0
+    if command == "new" and len(argv) == 3:
+        return new_lesson(LESSONS_DIR, argv[2])
+    if command != "check":
+        print('usage: python -m web.lessons check [FILE ...] | schema | new "Title"', file=sys.stderr)
         return 2
-    paths = [Path(p) for p in argv[2:]] or sorted(LESSONS_DIR.glob("*.md"))
+    paths = [Path(p).resolve() for p in argv[2:]] or sorted(LESSONS_DIR.glob("*.md"))
     errors = [err for path in paths for err in parse_lesson(path)[1]]
-    # Where the course first names a metric it defines it: judged over the whole folder.
-    errors += check_definitions(sorted(LESSONS_DIR.glob("[0-9][0-9]-*.md")))
+    for folder in dict.fromkeys(path.parent for path in paths):
+        # Two files with one step, two finales: said whichever of the two was named.
+        errors += [err for item in LessonLibrary(folder).broken() for err in item.errors if err not in errors]
+        # Where the course first names a metric it defines it: judged over the whole folder.
+        errors += check_definitions(sorted(folder.glob("[0-9][0-9]-*.md")))
     for err in errors:
         print(err)
     print(f"{len(paths)} lesson(s) checked, {len(errors)} mistake(s)")

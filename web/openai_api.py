@@ -146,7 +146,7 @@ def _generate(kind: str) -> Response:
             index = p * req.n + j
             rid = req.request_id if len(prompts) * req.n == 1 else f"{req.request_id}-{index}"
             echo = f.tokenizer.decode(ids) if req.echo else ""
-            out.choices.append(Choice(index, rid, p, echo, ids[0]))
+            out.choices.append(Choice(index, rid, p, echo, ids[0], prompt_token_ids=ids if req.return_token_ids else []))
     try:
         for choice in out.choices:
             j = choice.index % req.n
@@ -226,9 +226,11 @@ def _sse(f: Fleet, out: Reply, events: queue.Queue, ping_s: float) -> Generator[
                 break
             event = out.visible(event)
             entries = out.absorb(choice, event)
-            if event.text or event.finished or entries or not choice.started:
+            # Ids whose text is still held back (a character split across tokens) go out too when asked for.
+            ids = event.token_ids if out.req.return_token_ids else []
+            if event.text or event.finished or entries or ids or not choice.started:
                 text = event.text if choice.started else choice.echo_text + event.text
-                body = out.chunk(choice, text, entries, event.finish_reason if event.finished else None)
+                body = out.chunk(choice, text, entries, event.finish_reason if event.finished else None, ids)
                 if event.finished and event.times is not None:
                     body["servelab"] = server_timing(event.times)  # the server's figures for this choice
                 yield _data(body)

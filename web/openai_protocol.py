@@ -3,6 +3,7 @@ each endpoint's own shape. One Choice per prompt x n sample; nothing here knows 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,6 +33,9 @@ class Choice:
     # Logprobs so far: (token id, its TokenLogprobs, or None for the prompt's first token).
     logprobs: list[tuple[int, TokenLogprobs | None]] = field(default_factory=list)
     text_offset: int = 0  # completions' text_offset of the next token
+    # return_token_ids: the prompt's ids and the ids generated so far (vLLM's choice fields).
+    prompt_token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
 
 
 class Reply:
@@ -71,13 +75,18 @@ class Reply:
         choice.logprobs += entries
         choice.text.append(delta.text)
         choice.num_tokens += len(delta.token_ids)
+        if self.req.return_token_ids:
+            choice.token_ids += delta.token_ids
         if delta.finished:
             choice.finished, choice.finish_reason = True, delta.finish_reason
         return entries
 
     # bodies -----------------------------------------------------------------------------------
 
-    def chunk(self, choice: Choice, text: str, entries: list, finish_reason: FinishReason | None) -> dict[str, Any]:
+    def chunk(
+        self, choice: Choice, text: str, entries: list, finish_reason: FinishReason | None, token_ids: Sequence[int] = ()
+    ) -> dict[str, Any]:
+        """token_ids: the ids this chunk brings (return_token_ids)."""
         logprobs = None if self.req.logprobs is None else self._logprobs(choice, entries)
         if self.chat:
             delta: dict[str, Any] = {"content": text}
@@ -86,6 +95,10 @@ class Reply:
             body = {"index": choice.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
             body = {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+            if self.req.return_token_ids:  # vLLM's shape: the prompt's ids on the first chunk only
+                echoed = choice.prompt_token_ids if self.req.echo and not choice.started else []
+                body["prompt_token_ids"] = None if choice.started else choice.prompt_token_ids
+                body["token_ids"] = [*echoed, *token_ids]
         choice.started = True
         out = self._envelope(self.chat and "chat.completion.chunk" or "text_completion", [body])
         if self.req.continuous_usage:
@@ -112,6 +125,9 @@ class Reply:
                 )
             else:
                 bodies.append({"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason})
+                if self.req.return_token_ids:  # vLLM's: with echo, the ids run from the prompt's first
+                    echoed = c.prompt_token_ids if self.req.echo else []
+                    bodies[-1] |= {"prompt_token_ids": c.prompt_token_ids, "token_ids": [*echoed, *c.token_ids]}
         out = self._envelope("chat.completion" if self.chat else "text_completion", bodies)
         out["usage"] = self.usage()
         return out

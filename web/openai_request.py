@@ -30,7 +30,7 @@ COMMON = {
     "stop", "seed", "presence_penalty", "frequency_penalty", "logprobs", "user",
     "ignore_eos", "top_k", "min_p", "min_tokens", "repetition_penalty", "stop_token_ids", "priority",
 }  # fmt: skip
-COMPLETION_ONLY = {"prompt", "echo", "best_of"}
+COMPLETION_ONLY = {"prompt", "echo", "best_of", "return_token_ids"}  # return_token_ids: vLLM's (>= 0.10.2)
 CHAT_ONLY = {"messages", "top_logprobs", "add_generation_prompt"}
 # Accepted and not acted on: they change nothing in what is generated.
 NO_EFFECT = {
@@ -88,6 +88,9 @@ class ParsedRequest:
     score_only: bool = False  # echo with max_tokens 0: the prompt's logprobs, nothing generated
     priority: int = 0  # vLLM's extension: lower is scheduled first (aging lifts a long waiter)
     user: str | None = None  # OpenAI's end-user tag: shown on the request's trace row (the swimlanes)
+    # vLLM's return_token_ids: each choice carries prompt_token_ids and the generated token_ids (a
+    # client resending a conversation's history needs the answer's exact ids to hit the prefix cache).
+    return_token_ids: bool = False
 
 
 def bad(message: str, param: str | None, code: str = "invalid_value", status: int = 400) -> ServingError:
@@ -152,7 +155,7 @@ def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
         bool(options.get("include_usage")), bool(options.get("continuous_usage_stats")), echo, logprobs,
         check(body, "add_generation_prompt", (bool,)) is not False,
         f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), score_only,
-        _priority(body), user,
+        _priority(body), user, bool(check(body, "return_token_ids", (bool,))),
     )  # fmt: skip
     return req
 

@@ -1,5 +1,6 @@
-"""The teaching pages: `/` (the path of steps and the live engine), `/steps/1`..`/steps/8`, and
-`/lab` (every lever), `/failures` (the failure gallery), plus the npm-installed browser libraries under /static/vendor/."""
+"""The teaching pages: `/` (the path of steps and the live engine), `/steps/N` (one per lesson
+file, in step order), `/lab` (every lever), `/failures` (the failure gallery), `/authoring` (the
+lesson authors' reference), plus the npm-installed browser libraries under /static/vendor/."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from engine.sim.plan_space import PlanQuery
 from web.diagram import diagram
 from web.evolution import EVOLUTION
 from web.failures import FAILURES
-from web.lessons import CHARTS, OWN_ENGINE_CHARTS, LessonLibrary
+from web.lesson_reference import reference
+from web.lessons import CHARTS, OWN_ENGINE_CHARTS, LessonLibrary, render_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 # What /static/vendor/<name> serves, from node_modules (package.json pins the versions).
@@ -57,13 +59,20 @@ def _drawable(charts: Iterable[str]) -> list[str]:
 @pages.get("/steps/<int:number>")
 def step(number: int) -> str:
     lessons = library().lessons()
-    lesson = next((item for item in lessons if item.step == number), None)
-    if lesson is None:
-        abort(404)
+    at = next((i for i, item in enumerate(lessons) if item.step == number), None)
+    if at is None:
+        broken = library().broken_step(number)
+        if broken is None:
+            abort(404)
+        # The author's loop: the page says what to fix, at which lines, and the rest of the site serves on.
+        return render_template("lesson_errors.html", broken=broken, lessons=lessons, live=lab().live_state().to_json())
+    lesson = lessons[at]
     return render_template(
         "step.html",
         lesson=lesson,
         lessons=lessons,
+        before=lessons[at - 1] if at > 0 else None,
+        after=lessons[at + 1] if at + 1 < len(lessons) else None,
         live=lab().live_state().to_json(),
         levers=[LEVERS[key] for key in lesson.meta["levers"]],
         charts=_drawable(lesson.meta["charts"]),
@@ -71,6 +80,20 @@ def step(number: int) -> str:
         failures=[f for f in FAILURES if f.step == number],  # this step's defences, with their metrics
         **_shared(),
     )
+
+
+@pages.app_context_processor
+def _broken_lessons() -> dict:
+    """Every page's navigation marks a lesson file with mistakes, so its author finds the page that says them."""
+    lessons = current_app.extensions.get("servelab_lessons")
+    return {"broken_lessons": lessons.broken() if lessons is not None else []}
+
+
+@pages.get("/authoring")
+def authoring() -> str:
+    """The lesson authors' reference, generated from the validator's own tables."""
+    return render_template("authoring.html", reference=render_markdown(reference()), lessons=library().lessons(),
+                           live=lab().live_state().to_json())  # fmt: skip
 
 
 @pages.get("/lab")

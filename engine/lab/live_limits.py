@@ -18,7 +18,8 @@ LIVE_FLOOD = FloodLimits(FLOOD_MAX_RATE)
 # What the live engine on this machine takes, where the lever's own range (the simulated fleet's)
 # reaches further: a live flood past these would only measure a machine on its knees.
 LIVE_MAX = {
-    "request_rate": FLOOD_MAX_RATE, "prompt_tokens": 4000, "output_tokens": 2000, "max_num_seqs": 256,
+    "request_rate": FLOOD_MAX_RATE, "prompt_tokens": 4000, "system_prompt_tokens": 4000, "output_tokens": 2000,
+    "max_num_seqs": 256,
     "max_batched_tokens": 16384, "queue_cap": 10000, "min_replicas": 64, "max_replicas": 64, "warm_pool": 16,
     "provision_delay_s": 600, "pipeline_parallel": 4,
 }

@@ -30,6 +30,7 @@ from engine.lab.proxy import LabProxy, ProxySettings
 from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.load.loadgen import VOCAB, LoadRequest, RouterTarget, Target, arrival_gap, draw_length
 from engine.serving.load.loadgen_metrics import RequestRecord
+from engine.serving.load.prompt_mix import Conversations, PromptMix, SystemPrompts, next_turn
 from engine.serving.routing.router import Router
 
 # The lab's traffic is a mix, as a real service's is: every BATCH_EVERY-th request is a batch
@@ -57,8 +58,8 @@ class Ramp:
 
 class TrafficDriver:
     """`levers()` returns the lab's current levers: request_rate, prompt_tokens, output_tokens,
-    burstiness; over HTTP also stream_flush, proxy_idle_timeout_s, client_patience_s,
-    client_retries and retry_jitter."""
+    burstiness, system_prompt_tokens, system_prompt_share, conversation_turns; over HTTP also
+    stream_flush, proxy_idle_timeout_s, client_patience_s, client_retries and retry_jitter."""
 
     def __init__(
         self,
@@ -68,14 +69,21 @@ class TrafficDriver:
         clock: Clock = WALL_CLOCK,
         seed: int = 0,
         driver: Driver | None = None,
+        context: Callable[[], int | None] | None = None,
     ) -> None:
+        """context: the server's context window, where known (a conversation that would outgrow it
+        starts anew); by default the router's."""
         # No router: a remote backend's lab (issue 17), which connect()s before it sends.
         self._target: Target | None = None if router is None else RouterTarget(router, api_key)
+        self._context = context or (lambda: None if router is None else router.config.max_model_len)
         self._api_key = api_key
         self.proxy: LabProxy | None = None
         self._levers = levers
         self.clock = clock
         self.rng = random.Random(seed)
+        # Shared prefixes (the load levers system_prompt_tokens, system_prompt_share, conversation_turns).
+        self.system_prompts = SystemPrompts(seed)
+        self.conversations = Conversations()
         self.ramp: Ramp | None = None
         self.sent = 0  # requests (a retried one once); counts.sent counts attempts
         self.counts = ClientCounts()
@@ -168,15 +176,22 @@ class TrafficDriver:
         return arrival_gap(self.rng, rate, float(self._levers()["burstiness"]))
 
     def next_request(self) -> LoadRequest:
-        """The next arrival's request, its lengths drawn around the levers' means of this moment."""
+        """The next arrival's request, its lengths drawn around the levers' means of this moment:
+        a new prompt (after the shared system prompt, if it carries it), or a conversation's next
+        turn (prompt_mix.py)."""
         levers = self._levers()
-        n_in = draw_length(self.rng, int(levers["prompt_tokens"]), 0.5)
-        n_out = draw_length(self.rng, int(levers["output_tokens"]), 0.5)
+        out_mean = int(levers["output_tokens"])
+        context = self._context()
+        room = None if context is None else context - out_mean * 3 // 2  # the longest answer drawn
+        turn = next_turn(PromptMix.from_levers(levers), self.rng, self.conversations, room)
+        n_out = draw_length(self.rng, out_mean, 0.5)
+        own = [self.rng.randrange(*VOCAB) for _ in range(turn.own_len)]
         request = LoadRequest(
             f"flood-{self._run_id}-{self.sent}",
-            [self.rng.randrange(*VOCAB) for _ in range(n_in)],
+            list(turn.build(own, self.system_prompts.ids)),
             n_out,
             BATCH_PRIORITY if self.sent % BATCH_EVERY == BATCH_EVERY - 1 else 0,
+            turn.conversation,
         )
         self.sent += 1
         return request
@@ -249,3 +264,6 @@ class TrafficDriver:
                 self.counts.record(Attempt(record.send_time or self.clock.now(), 1, outcome, self.clock.now()))
         finally:
             self._in_flight.release()
+            # A turn answered goes on with exactly the ids generated; any other ending ends it.
+            answer = record.output_token_ids if record.status == "ok" else None
+            self.conversations.ended(request.conversation, answer, int(self._levers().get("conversation_turns", 1)))

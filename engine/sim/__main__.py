@@ -16,6 +16,7 @@ from engine.sim.run import SimSpec, simulate
 CONTRACT_KEYS = (
     "output_tok_s", "output_tok_s_per_gpu", "request_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
     "itl_p99_s", "e2el_p50_s", "goodput_req_s", "kv_usage_max", "preemptions", "replicas", "simulated_s", "wall_s",
+    "prefix_hit_rate",
 )
 
 
@@ -55,6 +56,13 @@ def parser() -> argparse.ArgumentParser:
                    help="closed loop: N clients, each sending its next request when its last ends (vLLM's "
                         "--max-concurrency; with --rate, the rate's arrivals wait for a free client)")
     r.add_argument("--burstiness", type=float, default=1.0)
+    r.add_argument("--system-prompt-tokens", type=int, default=0,
+                   help="a shared system prompt of this many tokens at the head of the prompts that carry it, "
+                        "inside --input-tokens (its cache hits need --prefix-caching true)")
+    r.add_argument("--system-prompt-share", type=float, default=1.0, help="the share of requests carrying it")
+    r.add_argument("--conversation-turns", type=int, default=1,
+                   help="turns per conversation: an arrival continues the oldest answered conversation, resending "
+                        "its last prompt and answer before its own part")
     r.add_argument("--burst-factor", type=float, default=1.0, help="the rate times this during the burst")
     r.add_argument("--burst-at-s", type=float, default=0.0, help="simulated second the burst begins")
     r.add_argument("--burst-s", type=float, default=0.0, help="how long the burst lasts (simulated s)")
@@ -79,6 +87,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--central-queue", type=_bool, default=True,
                    help="requests wait in the router until a replica has room; false: each goes to a replica on "
                         "arrival, as a bare engine's server takes it")
+    r.add_argument("--prefix-aware-routing", type=_bool, default=True,
+                   help="a prompt goes to the replica caching its prefix; false: prefix-blind, equal loads take turns")
     r.add_argument("--deadline-s", type=float, default=None, help="a queued request expires after this long")
     r.add_argument("--tpot-slo-ms", type=float, default=None)
     r.add_argument("--kill-replica-at", type=float, default=None, help="simulated second replica 0 fails")
@@ -121,6 +131,9 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         burst_factor=args.burst_factor,
         burst_at_s=args.burst_at_s, burst_s=args.burst_s, kv_budget_mb=args.kv_budget_mb, max_num_seqs=args.max_num_seqs,
         max_batched_tokens=args.max_batched_tokens, ttft_slo_ms=args.ttft_slo_ms, tpot_slo_ms=args.tpot_slo_ms,
+        system_prompt_tokens=args.system_prompt_tokens, system_prompt_share=args.system_prompt_share,
+        conversation_turns=args.conversation_turns,
+        prefix_aware_routing=args.prefix_aware_routing,
         seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching, paged=args.paged,
         prefill_first=args.prefill_first, scheduler_steps=args.scheduler_steps, central_queue=args.central_queue,
         block_size=args.block_size, queue_cap=args.queue_cap, deadline_s=args.deadline_s,

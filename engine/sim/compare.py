@@ -14,7 +14,6 @@ them. Keys are lever keys (engine/levers.py) where a lever exists, else the CLI'
 from __future__ import annotations
 
 import hashlib
-import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -24,118 +23,18 @@ from engine.errors import InvalidParamError
 from engine.levers import LEVERS
 from engine.serving.replicas.replica_api import ENDED
 from engine.sim import calibration
-from engine.sim.deployment import KV_DTYPES, WEIGHT_DTYPES, SimConfigError
-from engine.sim.devices import DEVICE_NAMES
-from engine.sim.models import MODEL_NAMES
+from engine.sim.deployment import SimConfigError
+from engine.sim.experiment_fields import SIDE_FIELDS, TRAFFIC_FIELDS, Field
 from engine.sim.presets import PRESETS
 from engine.sim.run import SimSpec, simulate
-from engine.sim.spec import LEVER_FIELDS, spec_fields
+from engine.sim.spec import spec_fields
 from engine.sim.workload import SimRequest
 
-MAX_REQUESTS = 4000  # per side: with the bound below, one A/B returns in seconds on 2 cores
 # The work one side may simulate: requests x (output + prompt / PROMPT_WEIGHT) tokens. Decode
 # tokens cost a scheduler step each; a prompt is priced in chunks, so its tokens weigh less.
 MAX_WORK = 2_000_000
 PROMPT_WEIGHT = 16
 TIMELINE_S = 1.0  # one chart point per simulated second
-# The lever's model names (engine/levers.py MODELS) and the simulator's, lower-cased.
-MODEL_ALIASES = {"llama-8b": "llama-3.1-8b", "llama-70b": "llama-3.1-70b", "llama-405b": "llama-3.1-405b"}
-
-
-@dataclass(frozen=True)
-class Field:
-    """One key of an experiment: its type and range, and the SimSpec field and CLI flag it sets."""
-
-    key: str
-    kind: type
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[Any, ...] = ()
-
-    @property
-    def spec_field(self) -> str:
-        return LEVER_FIELDS[self.key]
-
-    @property
-    def flag(self) -> str:
-        return "--" + {"gpus": "gpus", "tp": "tp", "rate": "rate"}.get(
-            self.spec_field, self.spec_field.replace("_", "-")
-        )
-
-    def coerce(self, value: Any, where: str) -> Any:
-        """The value in this field's type (a query string's text too), or InvalidParamError naming `where`."""
-        if isinstance(value, str) and self.kind is not str:
-            text = value.strip().lower()
-            if self.kind is bool:
-                if text not in ("true", "false"):
-                    raise InvalidParamError(where, f"must be true or false, got {value!r}")
-                value = text == "true"
-            else:
-                try:
-                    value = float(text)
-                except ValueError:
-                    raise InvalidParamError(where, f"must be a number, got {value!r}") from None
-        if self.kind is bool:
-            if not isinstance(value, bool):
-                raise InvalidParamError(where, f"must be true or false, got {value!r}")
-            return value
-        if self.kind is str:
-            text = MODEL_ALIASES.get(str(value).lower(), str(value).lower())
-            if text not in self.choices:
-                raise InvalidParamError(where, f"must be one of {', '.join(self.choices)}, got {value!r}")
-            return text
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise InvalidParamError(where, f"must be a number, got {value!r}")
-        if self.kind is int and value != int(value):
-            raise InvalidParamError(where, f"must be a whole number, got {value!r}")
-        value = self.kind(value)
-        if self.choices and value not in self.choices:
-            raise InvalidParamError(where, f"must be one of {', '.join(map(str, self.choices))}, got {value!r}")
-        if self.minimum is not None and value < self.minimum:
-            raise InvalidParamError(where, f"must be at least {self.minimum:g}")
-        if self.maximum is not None and value > self.maximum:
-            raise InvalidParamError(where, f"must be at most {self.maximum:g}")
-        return value
-
-
-TRAFFIC_FIELDS = {f.key: f for f in (
-    Field("request_rate", float, 0.01, 10000),
-    Field("prompt_tokens", int, 1, 131072),
-    Field("output_tokens", int, 1, 131072),
-    Field("input_range_ratio", float, 0, 0.99),
-    Field("burstiness", float, 0.1, 10),
-    Field("burst_factor", float, 0.1, 100),
-    Field("burst_at_s", float, 0, 86400),
-    Field("burst_s", float, 0, 86400),
-    Field("num_requests", int, 1, MAX_REQUESTS),
-    Field("seed", int, 0, 2**31 - 1),
-    Field("ttft_target_ms", float, 1, 600000),
-)}  # fmt: skip
-SIDE_FIELDS = {f.key: f for f in (
-    Field("model", str, choices=MODEL_NAMES),
-    Field("device", str, choices=DEVICE_NAMES),
-    Field("gpu_count", int, 1, 512),
-    Field("tensor_parallel", int, choices=(1, 2, 4, 8, 16)),
-    Field("pipeline_parallel", int, 1, 16),
-    Field("pipeline_overlap", bool),
-    Field("weight_dtype", str, choices=WEIGHT_DTYPES),
-    Field("kv_dtype", str, choices=KV_DTYPES),
-    Field("prefill_gpus", int, 0, 512),  # 0 with decode_gpus 0: colocated
-    Field("decode_gpus", int, 0, 512),
-    Field("max_num_seqs", int, 1, 4096),
-    Field("max_batched_tokens", int, 16, 131072),
-    Field("paged", bool),
-    Field("block_size", int, choices=(8, 16, 32, 64, 128)),
-    Field("prefix_caching", bool),
-    Field("kv_budget_mb", float, 1, 10_000_000),
-    Field("queue_cap", int, 1, 1_000_000),
-    Field("deadline_s", float, 0.1, 86400),
-    Field("autoscale", bool),
-    Field("min_replicas", int, 1, 512),
-    Field("max_replicas", int, 1, 512),
-    Field("warm_pool", int, 0, 512),
-    Field("provision_delay_s", float, 0, 86400),
-)}  # fmt: skip
 PRICE = LEVERS["gpu_hour_usd"]  # per side: two device kinds have two prices
 DEFAULT_TRAFFIC: dict[str, Any] = {
     "request_rate": 10.0, "prompt_tokens": 1000, "output_tokens": 250, "input_range_ratio": 0.5,
@@ -218,7 +117,9 @@ def check_side(experiment: Experiment, name: str) -> SimSpec:
             spec.replica_bounds()
     except SimConfigError as err:
         raise InvalidParamError(blame(str(err), name), str(err)) from None
-    work = spec.num_requests * (spec.output_tokens + spec.input_tokens / PROMPT_WEIGHT) * (1 + spec.input_range_ratio)
+    # A conversation's turn resends its history: over N turns a prompt is P + (N - 1) / 2 x (P + O) on average.
+    prompt = spec.input_tokens + (spec.conversation_turns - 1) / 2 * (spec.input_tokens + spec.output_tokens)
+    work = spec.num_requests * (spec.output_tokens + prompt / PROMPT_WEIGHT) * (1 + spec.input_range_ratio)
     if work > MAX_WORK:
         raise InvalidParamError(
             "traffic.num_requests",
@@ -286,7 +187,8 @@ def workload_digest(requests: list[SimRequest]) -> str:
     """A fingerprint of the request list (arrivals and lengths): equal on both sides of an A/B."""
     h = hashlib.sha256()
     for r in requests:
-        h.update(f"{r.request_id},{r.arrival!r},{r.prompt_len},{r.max_tokens};".encode())
+        system = f",{r.system_len}" if r.system_len else ""  # without a system prompt: the digest as ever
+        h.update(f"{r.request_id},{r.arrival!r},{r.prompt_len},{r.max_tokens}{system};".encode())
     return h.hexdigest()[:16]
 
 
@@ -306,6 +208,16 @@ def gpu_seconds(spec: SimSpec, result: dict[str, Any]) -> tuple[float, int]:
     return held, most
 
 
+# The figures of a side's run a lesson may quote (the summary and table_row's, the machine's own
+# wall time left out): web/lesson_checks.py refuses any other key, tests/test_sim_compare.py holds it to a run.
+RESULT_KEYS = (
+    "output_tok_s", "output_tok_s_per_gpu", "request_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+    "itl_p99_s", "e2el_p50_s", "goodput_req_s", "goodput_share", "completed", "refused", "preemptions",
+    "kv_blocks_per_replica", "kv_usage_max", "running_max", "replicas", "prefill_replicas", "steps", "gpus_used",
+    "gpu_hours", "cost_usd", "cost_per_mtok_usd", "simulated_s", "prefix_hit_rate",
+)  # fmt: skip
+
+
 def table_row(spec: SimSpec, result: dict[str, Any], gpu_hour_usd: float) -> dict[str, Any]:
     """The A/B table's figures: the run's own summary, plus GPUs and what the output cost."""
     seconds, most = gpu_seconds(spec, result)
@@ -322,6 +234,7 @@ def table_row(spec: SimSpec, result: dict[str, Any], gpu_hour_usd: float) -> dic
         "cost_usd": cost,
         "cost_per_mtok_usd": cost / output_tokens * 1e6 if output_tokens else None,
         "completed": result["completed"], "refused": sum(result["refused"].values()),
+        "prefix_hit_rate": result["prefix_hit_rate"],
         "simulated_s": result["simulated_s"],
     }  # fmt: skip
 

@@ -14,6 +14,7 @@ from typing import Any
 from engine.clock import stopwatch
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.replica_api import ReplicaState
+from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, RouterConfig
 from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
@@ -57,8 +58,12 @@ def simulate_fleet(
     ended = clients.ended if clients is not None else lambda request_id: None
     answers = clients.answers if clients is not None else lambda request_id: None
 
+    conversations = spec.conversations(dep)  # conversation_turns: arrivals continue answered ones
+
     def finished(seq: Any) -> None:
         rec.finish(seq)
+        if conversations is not None:
+            conversations.answered(seq)
         streams.pop(seq.request_id, None)
         ended(seq.request_id)
 
@@ -66,7 +71,7 @@ def simulate_fleet(
     fleet_config = FleetConfig(fewest, warm_pool=spec.warm_pool, provision_delay_s=spec.provision_delay_s)
     fleet = sim_fleet(
         dep, config, router_config, fleet_config, loop, finished, load_s=load_s, record_steps=False, made=made,
-        pp_overlap=spec.pp_overlap,
+        pp_overlap=spec.pp_overlap, defences=Defences(prefix_aware_routing=spec.prefix_aware_routing),
     )
     auto = Autoscaler(
         fleet, AutoscalerConfig(min_replicas=fewest, max_replicas=most, **(autoscaler_settings or {})), clock
@@ -107,10 +112,13 @@ def simulate_fleet(
     def arrive(r: Any) -> None:
         arrived[0] += 1
         params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
+        ids = r.token_ids(vocab) if conversations is None else conversations.prompt(r)
         try:
-            streams[r.request_id] = fleet.submit(r.request_id, r.token_ids(vocab), params, None, answers(r.request_id))
+            streams[r.request_id] = fleet.submit(r.request_id, ids, params, None, answers(r.request_id))
         except AdmissionError as err:
             refused[r.request_id] = err.reason
+            if conversations is not None:
+                conversations.failed(r.request_id)
             ended(r.request_id)
         fleet.router.dispatch_once()  # submit wakes the live dispatcher at once
 

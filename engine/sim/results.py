@@ -74,16 +74,24 @@ def summarize(rec: Recorder, duration_s: float, num_gpus: int) -> dict[str, floa
 
 
 def replica_figures(
-    replicas: list[SimReplica], refused: dict[str, str], loop: EventLoop, ran_s: float, wall_s: float
+    replicas: list[SimReplica], refused: dict[str, str], loop: EventLoop, ran_s: float, wall_s: float,
+    front: list[SimReplica] | None = None,
 ) -> dict[str, Any]:
-    """What every run reports of its replicas and its refusals, besides the request figures."""
+    """What every run reports of its replicas and its refusals, besides the request figures. front:
+    the replicas the clients' prompts reach (a P/D split's prefill pool: a decode replica finds
+    the KV it is handed as cached, which is no prefix-cache hit); None, all of them."""
     reasons: dict[str, int] = {}
     for reason in refused.values():
         reasons[reason] = reasons.get(reason, 0) + 1
     stages = [r.stage_idle_share(ran_s) for r in replicas if isinstance(r, PipelinedSimReplica)]
     # Pipeline stages: each stage's idle share of the run, averaged over the replicas (the bubble).
     extra = {"stage_idle_share": [sum(column) / len(column) for column in zip(*stages)]} if stages else {}
+    front = replicas if front is None else front
+    queries = sum(r.engine.kv.prefix_queries for r in front)
     return extra | {
+        # Prompt tokens found in the prefix cache at admission, of all looked up (the live snapshot's
+        # prefix_hit_rate, over the whole run); 0 with the cache off.
+        "prefix_hit_rate": sum(r.engine.kv.prefix_hits for r in front) / queries if queries else 0.0,
         "kv_usage_max": max(r.kv_usage_max for r in replicas),
         "running_max": max(r.running_max for r in replicas),
         "preemptions": sum(r.engine.scheduler.num_preemptions for r in replicas),

@@ -54,7 +54,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
             queue_cap=cap or max(1, spec.num_requests), deadline_s=spec.deadline_s,
             block_size=config.block_size, max_model_len=dep.model.cfg.max_position,
         )
-        defences = None if spec.central_queue else Defences(central_queue=False)
+        defences = Defences(central_queue=spec.central_queue, prefix_aware_routing=spec.prefix_aware_routing)
         return Router(pool, router_config, clock, EventLog(clock), dispatch_thread=False, defences=defences)
 
     hop = dep.device.front_latency_s if spec.front_on_device else 0.0  # client -> router (see SimSpec)
@@ -67,8 +67,13 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
     # would build a lock and three Conditions for each of a big run's requests.
     answers = clients.answers if clients is not None else lambda request_id: queue.SimpleQueue()
 
+    # conversation_turns: an arrival continues an answered conversation (its prompt the history).
+    conversations = spec.conversations(dep)
+    answered = conversations.answered if conversations is not None else lambda seq: None
+
     def finished(seq: Any) -> None:
         rec.finish(seq)
+        answered(seq)
         streams.pop(seq.request_id, None)  # its final TokenDelta is read off the Sequence here
         ended(seq.request_id)
 
@@ -82,6 +87,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
 
         def decoded(seq: Any) -> None:
             rec.finish(seq, (first_tokens.pop(seq.request_id),))
+            answered(seq)
             streams.pop(seq.request_id, None)
             ended(seq.request_id)
 
@@ -90,6 +96,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
             left = decode_left.pop(seq.request_id)
             if left == 0 or seq.finish_reason == FinishReason.ABORT:
                 rec.finish(seq)
+                answered(seq)
                 ended(seq.request_id)
                 return
             first_tokens[seq.request_id] = seq.times.first_token
@@ -116,10 +123,13 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         if decode_router is not None:  # the prefill pool computes the prompt and the first token
             decode_left[r.request_id], max_tokens = r.max_tokens - 1, 1
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        ids = r.token_ids(vocab) if conversations is None else conversations.prompt(r)
         try:
-            streams[r.request_id] = router.submit(r.request_id, r.token_ids(vocab), params, events=answers(r.request_id))
+            streams[r.request_id] = router.submit(r.request_id, ids, params, events=answers(r.request_id))
         except AdmissionError as err:
             refused[r.request_id] = err.reason
+            if conversations is not None:
+                conversations.failed(r.request_id)
             ended(r.request_id)
         router.dispatch_once()  # submit wakes the live dispatcher at once
 
@@ -156,7 +166,8 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
 
     take_errors(streams, rec.finished, refused)
     result = summarize(rec, clock.now(), spec.gpus)
-    result |= replica_figures(replicas, refused, loop, clock.now(), elapsed())
+    front = replicas if decode_router is None else replicas[: spec.replicas(spec.prefill_gpus)]
+    result |= replica_figures(replicas, refused, loop, clock.now(), elapsed(), front)
     result |= {
         "replicas": len(replicas),
         "prefill_replicas": 0 if decode_router is None else spec.replicas(spec.prefill_gpus),

@@ -10,11 +10,12 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.levers import LEVERS
+from engine.serving.load.prompt_mix import PromptMix
 from engine.sim import constants as C
 from engine.sim.deployment import Deployment, SimConfigError
 from engine.sim.devices import get_device
 from engine.sim.models import get_model
-from engine.sim.workload import Burst, SimRequest, make_workload
+from engine.sim.workload import Burst, ListConversations, SimRequest, make_workload
 
 # The one lever -> simulator mapping: a lever's key (engine/levers.py; an A/B experiment's keys
 # are the same names) and the SimSpec field it sets. The simulated lab, predict-then-run and A/B
@@ -30,6 +31,8 @@ LEVER_FIELDS: dict[str, str] = {
     "block_size": "block_size", "prefix_caching": "prefix_caching", "kv_budget_mb": "kv_budget_mb",
     "queue_cap": "queue_cap", "deadline_s": "deadline_s", "autoscale": "autoscale", "min_replicas": "min_replicas",
     "max_replicas": "max_replicas", "warm_pool": "warm_pool", "provision_delay_s": "provision_delay_s",
+    "system_prompt_tokens": "system_prompt_tokens", "system_prompt_share": "system_prompt_share",
+    "prefix_aware_routing": "prefix_aware_routing", "conversation_turns": "conversation_turns",
 }  # fmt: skip
 
 
@@ -67,6 +70,13 @@ class SimSpec:
     # arrivals wait for a free client (engine/sim/clients.py). None: open loop, the rate alone.
     concurrency: int | None = None
     burstiness: float = 1.0
+    # A shared system prompt at the head of this share of the prompts, inside input_tokens
+    # (engine/serving/load/prompt_mix.py): what prefix caching and prefix-aware routing can serve.
+    system_prompt_tokens: int = 0
+    system_prompt_share: float = 1.0
+    # Turns per conversation: a turn resends the last one's prompt and answer, then its own part as
+    # the new message (workload.ListConversations).
+    conversation_turns: int = 1
     burst_factor: float = 1.0  # the rate times this for burst_s from burst_at_s (workload.Burst)
     burst_at_s: float = 0.0
     burst_s: float = 0.0
@@ -90,6 +100,9 @@ class SimSpec:
     # a replica has room (a free slot, KV for the prompt, no waiter of its own). False: each goes
     # to a replica on arrival, as a bare engine's own server takes it (the published runs' setup).
     central_queue: bool = True
+    # The router sends a prompt where its prefix is cached (the defence lever); False: prefix-blind,
+    # equal loads take turns (engine/serving/routing/router.py).
+    prefix_aware_routing: bool = True
     deadline_s: float | None = None
     kill_replica_at_s: float | None = None  # replica 0 fails at this simulated time
     # The live server on this machine: the HTTP front and the clients share the device's cores
@@ -155,6 +168,8 @@ class SimSpec:
             raise SimConfigError("--scheduler-steps above 1 runs one paged batch at a time: leave out --pp and --paged false")
         if self.prefill_first and not self.paged:
             raise SimConfigError("--prefill-first is a policy of the paged scheduler: leave out --paged false")
+        if self.conversation_turns < 1:
+            raise SimConfigError(f"--conversation-turns {self.conversation_turns} must be at least 1")
         if self.front_on_device:
             device = device.with_front()
         dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype, self.pp)
@@ -169,7 +184,12 @@ class SimSpec:
                     f"--prefill-gpus {p} and --decode-gpus {d} must each be whole {self.shape_name} replicas "
                     f"and add up to --gpus {self.gpus}"
                 )
-        longest = int(self.input_tokens * (1 + self.input_range_ratio)) + int(self.output_tokens * (1 + self.input_range_ratio))
+        spread, system = 1 + self.input_range_ratio, self.system_prompt_tokens
+        if system < 0 or not 0 <= self.system_prompt_share <= 1:
+            raise SimConfigError("--system-prompt-tokens must not be negative, --system-prompt-share in [0, 1]")
+        # A carrier's own part is drawn around what the system prompt leaves, at least 1 token.
+        prompt = max(int(self.input_tokens * spread), system + int(max(1, self.input_tokens - system) * spread))
+        longest = prompt + int(self.output_tokens * spread)
         if longest > model.cfg.max_position:
             raise SimConfigError(
                 f"a request of up to {longest} tokens is longer than {model.name}'s context of {model.cfg.max_position}"
@@ -184,6 +204,18 @@ class SimSpec:
             prefill_first=self.prefill_first, scheduler_steps=self.scheduler_steps,
         )
 
+    def conversations(self, dep: Deployment) -> ListConversations | None:
+        """The request list's conversations (None at one turn a conversation). A turn that would
+        not leave room in the context for the longest answer drawn starts a new conversation."""
+        if self.conversation_turns <= 1:
+            return None
+        mix = PromptMix(
+            self.input_tokens, self.system_prompt_tokens, self.system_prompt_share, self.conversation_turns,
+            self.input_range_ratio,
+        )
+        longest_answer = int(self.output_tokens * (1 + self.input_range_ratio))
+        return ListConversations(mix, dep.model.cfg.vocab_size, dep.model.cfg.max_position - longest_answer)
+
     def workload(self) -> list[SimRequest]:
         """The spec's own requests: seeded arrivals (with the burst, if any) and lengths."""
         if self.burst_factor <= 0 or self.burst_at_s < 0 or self.burst_s < 0:
@@ -191,5 +223,5 @@ class SimSpec:
         burst = Burst(self.burst_factor, self.burst_at_s, self.burst_s) if self.burst_factor != 1.0 else None
         return make_workload(
             self.num_requests, self.rate, self.input_tokens, self.output_tokens, self.input_range_ratio,
-            self.burstiness, self.seed, burst,
+            self.burstiness, self.seed, burst, self.system_prompt_tokens, self.system_prompt_share,
         )

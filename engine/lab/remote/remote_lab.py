@@ -80,7 +80,9 @@ class RemoteLab:
         self._orphans: deque[tuple[float, int]] = deque()  # (time, the proxy's orphan_chunks)
         self._lock = threading.RLock()
         # The lab's clients send through the lab's proxy to the remote, with its key.
-        self.traffic = TrafficDriver(None, lambda: self.levers, api_key=config.api_key)
+        self.traffic = TrafficDriver(
+            None, lambda: self.levers, api_key=config.api_key, context=lambda: self.info.max_model_len
+        )
         self._connected_model: str | None = None
         self.poller = RemotePoller(self)
         self.run = 0  # one remote, one run: the stream's charts never reset

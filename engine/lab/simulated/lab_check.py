@@ -45,7 +45,7 @@ def badge(levers: dict[str, Any]) -> str:
 # lab's traffic, which the lab drives itself).
 SIM_LEVERS = (
     "model", "device", "gpu_count", "tensor_parallel", "pipeline_parallel", "pipeline_overlap", "weight_dtype",
-    "kv_dtype", "prompt_tokens", "output_tokens",
+    "kv_dtype", "prompt_tokens", "output_tokens", "system_prompt_tokens", "system_prompt_share",
     "max_num_seqs", "max_batched_tokens", "prefix_caching", "prefill_gpus", "decode_gpus", "min_replicas",
     "max_replicas", "warm_pool", "provision_delay_s",
 )  # fmt: skip
@@ -79,7 +79,7 @@ def check_sim(levers: dict[str, Any], changed: dict[str, Any]) -> tuple[SimSpec,
         elif "pipeline parallel" in reason and "layers" in reason:
             keys = ("pipeline_parallel", "model")
         elif "context" in reason:
-            keys = ("prompt_tokens", "output_tokens", "model")
+            keys = ("prompt_tokens", "output_tokens", "system_prompt_tokens", "model")
         elif "prefill" in reason or "disaggregation" in reason:
             keys = ("prefill_gpus", "decode_gpus", "gpu_count")
         elif "whole number" in reason or "needs" in reason and "GPUs" in reason and "weights" not in reason:

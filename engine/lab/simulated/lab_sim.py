@@ -1,7 +1,8 @@
 """The simulated lab: the serving stack's own Fleet, Router and Autoscaler over SimReplicas on one
 EventLoop, fed open-ended by arrivals drawn from the levers (the lab's traffic generator's
-gamma gaps and lengths), and advanced by a wall-clock pacer at `sim_speed` simulated seconds per
-wall second, so a browser watches a 64-GPU fleet while the page is open.
+gamma gaps, lengths and prompts: a shared system prompt, conversations, as prompt_mix.py draws
+them), and advanced by a wall-clock pacer at `sim_speed` simulated seconds per wall second, so a
+browser watches a 64-GPU fleet while the page is open.
 
 Only the pacer reads wall time (the injected wall clock): its tick runs on a WallClockDriver, as
 the live fleet's steps do. Everything it advances runs on the loop's VirtualClock. The fleet publishes snapshots
@@ -22,7 +23,6 @@ import random
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
@@ -32,18 +32,19 @@ from engine.lab.facade import SimState
 from engine.lab.replica_bounds import replica_bounds
 from engine.lab.shape import min_tensor_parallel
 from engine.lab.simulated.lab_check import badge, check_sim, fits
+from engine.lab.simulated.pools import merge_pools
 from engine.lab.traffic import Ramp
 from engine.levers import ROUTER_LEVERS
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
 from engine.serving.driver import WallClockDriver
 from engine.serving.load.loadgen import arrival_gap, draw_length
+from engine.serving.load.prompt_mix import Conversations, OpenTurns, PromptMix, compact_system_ids, next_turn
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, RouterConfig
 from engine.serving.scaling.autoscaler import LEVERS as AUTOSCALER_LEVERS
 from engine.serving.scaling.autoscaler import TARGET_LEVERS, Autoscaler, AutoscalerConfig
 from engine.serving.scaling.fleet import SNAPSHOT_HZ, Fleet, FleetConfig
-from engine.serving.scaling.provisioning import SCALE_COUNTERS
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.snapshot import FleetSnapshot
 from engine.sim import constants as C
@@ -78,6 +79,8 @@ class SimLab:
         self.clock = self.loop.clock
         self.events = EventLog(self.clock)
         self.rng = random.Random(0)
+        self.conversations = Conversations()  # the levers' conversations, continued as they are answered
+        self.open_turns = OpenTurns(self.conversations)
         self.ramp: Ramp | None = None
         self.sending = False
         self.traffic = SimTraffic(self)
@@ -174,38 +177,48 @@ class SimLab:
         self.loop.after(gap, lambda: self._next_arrival(run))
 
     def _arrive(self) -> None:
-        lv = self.levers
-        n_in = draw_length(self.rng, int(lv["prompt_tokens"]), 0.5)
-        n_out = draw_length(self.rng, int(lv["output_tokens"]), 0.5)
-        request = SimRequest(str(self.sent), self.clock.now(), n_in, n_out)
+        """One arrival, its prompt drawn as the live lab's traffic draws it (prompt_mix: a shared
+        system prompt, a conversation's next turn), its ids compact (ranges, TokenRuns)."""
+        lv, cfg = self.levers, self.dep.model.cfg
+        out_mean = int(lv["output_tokens"])
+        # A conversation's next turn leaves room in the context for the longest answer drawn.
+        turn = next_turn(PromptMix.from_levers(lv), self.rng, self.conversations, cfg.max_position - out_mean * 3 // 2)
+        n_out = draw_length(self.rng, out_mean, 0.5)
+        request = SimRequest(str(self.sent), self.clock.now(), turn.system_len + turn.own_len, n_out, turn.system_len)
+        ids = turn.build(request.own_ids(cfg.vocab_size), compact_system_ids, compact=True)
+        self.open_turns.sent(request.request_id, turn)
         self.sent += 1
         first = self.decode_fleet is not None
         if first:  # the prefill pool computes the prompt and the first token
             self._decode_left[request.request_id] = n_out - 1
         params = SamplingParams(temperature=0, max_tokens=1 if first else n_out, ignore_eos=True)
         try:
-            self.fleet.submit(request.request_id, request.token_ids(self.dep.model.cfg.vocab_size), params, None)  # type: ignore[arg-type]
+            self.fleet.submit(request.request_id, ids, params, None)  # type: ignore[arg-type]
         except AdmissionError:
             self.refused += 1
             self._decode_left.pop(request.request_id, None)
+            self.open_turns.ended(request.request_id, None, 0)  # a refused turn ends its conversation
             return
         self.fleet.router.dispatch_once()  # submit wakes the live dispatcher at once
 
     def _prefilled(self, seq: Any) -> None:
         left = self._decode_left.pop(seq.request_id, 0)
         if left <= 0 or seq.finish_reason == FinishReason.ABORT or self.decode_fleet is None:
-            self.finished += 1
+            self._count_finished(seq)
             return
         params = SamplingParams(temperature=0, max_tokens=left, ignore_eos=True)
         try:
             self.decode_fleet.submit(seq.request_id, seq.token_ids, params, None)
         except AdmissionError:
             self.refused += 1
+            self.open_turns.ended(seq.request_id, None, 0)
             return
         self.decode_fleet.router.dispatch_once()
 
     def _count_finished(self, seq: Any) -> None:
         self.finished += 1
+        if len(self.open_turns):  # a conversation's turn: its answer goes into the next one
+            self.open_turns.answered(seq, int(self.levers.get("conversation_turns", 1)))
 
     # levers -------------------------------------------------------------------------------------
 
@@ -353,23 +366,6 @@ class SimTraffic:
 
     def stop(self) -> None:
         self._lab.stop_traffic()
-
-
-def merge_pools(prefill: FleetSnapshot, decode: FleetSnapshot) -> FleetSnapshot:
-    """One snapshot of a prefill/decode split: counts add up; TTFT is the prefill pool's (its
-    first token), ITL the decode pool's; the queue is the front (prefill) router's plus the
-    hand-off queue."""
-    summed = ("queue_depth", "running", "waiting", "kv_used_blocks", "kv_total_blocks", "tokens_per_s",
-              "batch_size", "max_num_seqs", "preempted", *SCALE_COUNTERS)  # fmt: skip
-    out = replace(prefill, **{key: getattr(prefill, key) + getattr(decode, key) for key in summed})
-    out.itl_p50, out.itl_p99 = decode.itl_p50, decode.itl_p99
-    for key in ("replicas", "rejected"):
-        merged = dict(getattr(prefill, key))
-        for name, n in getattr(decode, key).items():
-            merged[name] = merged.get(name, 0) + n
-        setattr(out, key, merged)
-    out.allreduce_ms = max(prefill.allreduce_ms, decode.allreduce_ms)
-    return out
 
 
 def lower_this_threads_priority() -> None:

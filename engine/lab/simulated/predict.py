@@ -32,7 +32,8 @@ SEED = 0
 # The live engine's levers the calibrated cpu device stands for (the model, device, TP and dtypes
 # are this machine's, fixed above the levers).
 LIVE_LEVERS = (
-    "prompt_tokens", "output_tokens", "request_rate", "burstiness", "max_num_seqs", "max_batched_tokens",
+    "prompt_tokens", "output_tokens", "request_rate", "burstiness", "system_prompt_tokens", "system_prompt_share",
+    "conversation_turns", "max_num_seqs", "max_batched_tokens",
     "prefix_caching", "paged", "block_size", "kv_budget_mb", "queue_cap", "deadline_s", "ttft_target_ms",
 )  # fmt: skip
 

@@ -27,22 +27,24 @@ from urllib.parse import urlsplit
 from engine.clock import WALL_CLOCK, SleepingClock
 from engine.sampling_params import SamplingParams
 from engine.serving.load.loadgen_metrics import RequestRecord, format_table, summarize
+from engine.serving.load.prompt_mix import VOCAB, Conversation, draw_length
 from engine.serving.replicas.messages import RequestError
 from engine.serving.routing.router import AdmissionError, Router
 
 __all__ = [
+    "VOCAB",
     "HttpTarget",
     "LoadRequest",
     "RequestRecord",
     "RouterTarget",
     "Target",
     "arrival_times",
+    "draw_length",
     "make_requests",
     "run_load",
     "summarize",
 ]
 
-VOCAB = (100, 49000)  # the model's ordinary token ids: no specials, so no tokenizer is needed
 # The serving stack's wall clock: a client's timestamps and the server's read the same time.
 now = WALL_CLOCK.now
 
@@ -82,11 +84,9 @@ class LoadRequest:
     prompt_token_ids: list[int]
     max_tokens: int
     priority: int = 0  # vLLM's request priority: lower is served first (the lab's batch jobs: 1)
-
-
-def draw_length(rng: random.Random, mean: int, ratio: float) -> int:
-    lo = max(1, int(mean * (1 - ratio)))
-    return rng.randint(lo, max(lo, int(mean * (1 + ratio))))
+    # A conversation's turn (engine/serving/load/prompt_mix.py): its answer's ids continue it, so the
+    # server is asked for them (vLLM's return_token_ids) and the record keeps them.
+    conversation: Conversation | None = None
 
 
 def make_requests(
@@ -142,7 +142,7 @@ class RouterTarget:
                 record.fail(event.message)
                 return
             if event.token_ids:
-                record.token(t, len(event.token_ids))
+                record.token(t, len(event.token_ids), event.token_ids)
             if event.finished:
                 record.done()
                 return
@@ -171,7 +171,9 @@ class HttpTarget:
             "ignore_eos": True,  # every request generates exactly max_tokens, as in vLLM's bench
             "stream": True,
             "stream_options": {"include_usage": True},
-        } | ({"priority": request.priority} if request.priority else {})
+        } | ({"priority": request.priority} if request.priority else {}) | (
+            {"return_token_ids": True} if request.conversation is not None else {}
+        )
 
     def send(self, request: LoadRequest, record: RequestRecord, stop: threading.Event) -> None:
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
@@ -218,8 +220,12 @@ class HttpTarget:
                 record.fail(error.get("message", str(error)) if isinstance(error, dict) else str(error))
                 return
             choices = chunk.get("choices") or []
+            ids = choices[0].get("token_ids") if choices else None  # asked for with return_token_ids
+            ids = ids if isinstance(ids, list) else None
             if choices and choices[0].get("text"):
-                record.token(t)  # counts chunks: the fallback when no usage arrives
+                record.token(t, 1, ids)  # counts chunks: the fallback when no usage arrives
+            elif ids:  # ids whose text is not out yet (a character split across tokens)
+                record.answer(ids)
             if chunk.get("usage"):
                 usage_tokens = chunk["usage"].get("completion_tokens")
             timing = chunk.get("servelab")  # ServeLab's own figures, on a choice's last chunk

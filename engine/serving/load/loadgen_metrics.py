@@ -37,6 +37,9 @@ class RequestRecord:
     retry_after_s: float | None = None
     attempts: int = 0  # sends of this request: 1, plus one per retry after a 429
     server_ttft_s: float | None = None  # what the server measured (ServeLab's `servelab` extension), if it said
+    # The generated ids, where the target sees them (in process, or a server asked for return_token_ids):
+    # a conversation's next turn resends them exactly (engine/serving/load/prompt_mix.py).
+    output_token_ids: list[int] = field(default_factory=list)
     _counted: int = field(default=0, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -51,11 +54,19 @@ class RequestRecord:
                 if self.send_time is None:
                     self.send_time = now
 
-    def token(self, now: float, count: int = 1) -> None:
+    def token(self, now: float, count: int = 1, ids: list[int] | None = None) -> None:
         with self._lock:
             if self.status == "pending":
                 self.token_times.append(now)
                 self._counted += count
+                if ids:
+                    self.output_token_ids += ids
+
+    def answer(self, ids: list[int]) -> None:
+        """Generated ids that came without a token time of their own."""
+        with self._lock:
+            if self.status == "pending":
+                self.output_token_ids += ids
 
     def done(self, output_tokens: int | None = None) -> None:
         """The stream ended normally; output_tokens from usage when the server gave it."""
