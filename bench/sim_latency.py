@@ -46,6 +46,7 @@ import numpy as np
 import engine.sim.run as sim_run
 from engine.config import EngineConfig
 from engine.sim.deployment import Deployment
+from engine.sim.host_profiles import PROFILES
 from engine.sim.results import Recorder
 from engine.sim.run import SimSpec, simulate
 
@@ -107,6 +108,7 @@ class Row:
     prefill_first: bool = False  # EngineConfig.prefill_first: prompts in a step of their own
     scheduler_steps: int = 1  # EngineConfig.scheduler_steps: decode steps per schedule
     central_queue: bool = True  # SimSpec.central_queue: False, requests reach the engine on arrival
+    host_profile: str = "default"  # the engine generation's host work (engine/sim/host_profiles.py)
 
 
 def _readme(model: str, device: str, gpus: int, engine: str, rate: int, ttft_ms: float, tpot_ms: float,
@@ -139,6 +141,10 @@ def _readme(model: str, device: str, gpus: int, engine: str, rate: int, ttft_ms:
         # One server, the benchmark client sending to it directly: no router holding a request
         # back while the engine has one waiting.
         central_queue=False,
+        # The host's work per step, as measured for a 2024 Python engine (Vidur's Sarathi-Serve
+        # profile): SGLang 0.3 paid it in series with the GPU; vLLM 0.6 scheduled and prepared once per
+        # ten-step run and processed outputs asynchronously (its v0.6.0 post).
+        host_profile="vllm-0.6-multistep" if vllm else "python-2024",
         note="--num-scheduler-steps 10: scheduler_steps 10" if vllm else "",
     )
 
@@ -228,7 +234,7 @@ def run_row(row: Row, seconds: float, seed: int, host_s_per_seq: float = 0.0) ->
         input_tokens=row.input_tokens, output_tokens=row.output_tokens, input_range_ratio=SPREAD, num_requests=n,
         rate=row.rate, max_num_seqs=row.max_num_seqs, max_batched_tokens=row.max_batched_tokens,
         admission=row.admission, seed=seed, prefill_first=row.prefill_first, scheduler_steps=row.scheduler_steps,
-        central_queue=row.central_queue,
+        central_queue=row.central_queue, host_profile=row.host_profile,
     )
     spec.chunked_prefill = row.chunked_prefill
     spec.host_s_per_seq = host_s_per_seq
@@ -317,6 +323,7 @@ def main() -> None:
             "counted": o.counted, "max_num_seqs": row.max_num_seqs, "max_batched_tokens": row.max_batched_tokens,
             "chunked_prefill": row.chunked_prefill, "admission": row.admission, "prefill_first": row.prefill_first,
             "scheduler_steps": row.scheduler_steps, "central_queue": row.central_queue, "note": row.note,
+            "host_profile": row.host_profile, "host_profile_source": PROFILES[row.host_profile].source,
             "group": group(row), "assumed": row.assumed,
             "running_max": o.result["running_max"], "preemptions": o.result["preemptions"],
             "kv_usage_max": o.result["kv_usage_max"], "output_tok_s": o.result["output_tok_s"], "wall_s": o.wall_s,
@@ -339,7 +346,8 @@ def main() -> None:
                              f" | {100 * e_itl:+.1f}% |")
         out_rows.append(record)
         print(f"[{i}] {row.name}: {o.result['completed']} requests ({o.counted} counted), running max "
-              f"{o.result['running_max']}, wall {o.wall_s:.1f} s", flush=True)
+              f"{o.result['running_max']}, wall {o.wall_s:.1f} s; host profile {row.host_profile} "
+              f"({PROFILES[row.host_profile].source})", flush=True)
     mape = mapes(out_rows)
     itl_errors = [abs(r["itl_p50"]["error"]) for r in out_rows if "itl_p50" in r]
     itl_mape = {"rows": len(itl_errors), "itl": 100 * float(np.mean(itl_errors))} if itl_errors else None

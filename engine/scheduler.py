@@ -32,6 +32,7 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     admitted: list[Sequence] = field(default_factory=list)
     expired: list[Sequence] = field(default_factory=list)  # dropped unstarted: their deadline passed
+    continued: bool = False  # a later step of a multi-step run: nothing was scheduled for it
 
     @property
     def num_tokens(self) -> int:
@@ -182,7 +183,7 @@ class Scheduler:
         its next block (vLLM reserves the run's blocks up front; here the normal step preempts)."""
         self.run_steps_left -= 1
         running, bs = SequenceStatus.RUNNING, self.kv.block_size
-        out = SchedulerOutput()
+        out = SchedulerOutput(continued=True)
         for seq in self.run_seqs:
             if seq.status is not running:  # finished (or aborted) in an earlier step of the run
                 continue

@@ -10,6 +10,7 @@ import json
 import sys
 
 from engine.sim.deployment import KV_DTYPES, WEIGHT_DTYPES, SimConfigError
+from engine.sim.host_profiles import HOST_PROFILES
 from engine.sim.plan_cli import add_plan_parser, run_plan_command
 from engine.sim.run import SimSpec, simulate
 
@@ -78,6 +79,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--scheduler-steps", type=int, default=1,
                    help="a decode-only batch runs N steps per schedule, its tokens delivered together at the end "
                         "(vLLM 0.6's --num-scheduler-steps)")
+    r.add_argument("--host-profile", choices=HOST_PROFILES, default="default",
+                   help="the engine's host work per step (engine/sim/host_profiles.py): default, a fixed overhead; "
+                        "python-2024 serial, vllm-0.6-multistep, overlapped: Vidur's measured costs by batch and TP")
     r.add_argument("--paged", type=_bool, default=True, help="false: static batches, contiguous max-length KV")
     r.add_argument("--block-size", type=int, default=SimSpec.block_size, help="KV block size in tokens")
     r.add_argument("--prefill-gpus", type=int, default=None, help="with --decode-gpus: disaggregated pools")
@@ -136,6 +140,7 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         prefix_aware_routing=args.prefix_aware_routing,
         seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching, paged=args.paged,
         prefill_first=args.prefill_first, scheduler_steps=args.scheduler_steps, central_queue=args.central_queue,
+        host_profile=args.host_profile,
         block_size=args.block_size, queue_cap=args.queue_cap, deadline_s=args.deadline_s,
         kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
         autoscale=args.autoscale, min_replicas=args.min_replicas, max_replicas=args.max_replicas,

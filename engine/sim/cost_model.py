@@ -9,7 +9,10 @@ Per GPU of a TP group, for one step:
 - elementwise kernels (norms, RoPE, SwiGLU): activation bytes per token at achieved bandwidth.
 - TP: two all-reduces per layer of the step's activations, latency + ring bytes / link bandwidth.
 - host: per-step overhead, per-layer kernel launches, one sampling kernel, and per sampled row
-  (the CPU device's Python per sequence; 0 on GPUs).
+  (the CPU device's Python per sequence; 0 on GPUs). A named engine profile
+  (engine/sim/host_profiles.py: Vidur's measured schedule, sampler, prepare and process-outputs
+  costs by batch and TP) replaces the fixed step overhead, paid serially, once per multi-step
+  run, or hidden behind the GPU's step unless longer.
 - PP: each stage prices its own layers (stage_layers); the first also schedules, the last also
   runs the LM head and samples, and each but the last sends the step's activations (hidden state
   and residual, as vLLM's IntermediateTensors) to the next over the link that joins them.
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from engine.sim import constants as C
 from engine.sim.deployment import Deployment
+from engine.sim.host_profiles import PROFILES, HostMode
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class StepShape:
     decode_context: int = 0  # sum over decodes of the tokens attended (context + 1)
     prefill_attention: float = 0.0  # sum over prefill chunks of n * (context + (n + 1) / 2)
     prefill_context: int = 0  # sum over prefill chunks of the context already cached (KV read)
+    num_seqs: int = 0  # sequences in the batch (the host's per-sequence work: engine/sim/host_profiles.py)
+    scheduled: bool = True  # False: a later step of a multi-step run (no schedule, no input preparation)
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,10 @@ class CostModel:
         elements += C.ELEMENTWISE_FFN * cfg.intermediate_size // t
         self.elementwise_s_per_token = elements * C.ACTIVATION_BYTES * cfg.num_layers / self.bandwidth
         self.step_overhead_s, self.layer_overhead_s = d.step_overhead_s, d.layer_overhead_s
+        self.host = PROFILES[dep.host]
+        if self.host.mode is not HostMode.DEFAULT:
+            self.step_overhead_s = 0.0  # the profile's measured stages stand for it
+        self.tp = t
         self.vocab = cfg.vocab_size
         self.num_allreduces = C.ALLREDUCES_PER_LAYER * cfg.num_layers if t > 1 else 0
         self.allreduce_latency = d.allreduce_latency_s
@@ -150,5 +160,10 @@ class CostModel:
         elementwise = s.num_tokens * self.elementwise_s_per_token * share
         # The first stage schedules the step; every stage launches its layers' kernels.
         fixed = (self.step_overhead_s if i == 0 else 0.0) + self.layers[i] * self.layer_overhead_s
+        attention = (prefill + decode) * share
+        if i == 0 and self.host.mode is not HostMode.DEFAULT:
+            host = self.host.cost(s.num_seqs, self.tp, s.scheduled)
+            busy = gemm + elementwise + attention + allreduce + sample + fixed
+            fixed += host.serial_s + max(0.0, host.hidden_s - busy)  # hidden work adds only its excess
         transfer = 0.0 if last else self.transfer_latency + s.num_tokens * self.transfer_s_per_token
-        return StepCost(gemm, elementwise, (prefill + decode) * share, allreduce, fixed, sample, transfer)
+        return StepCost(gemm, elementwise, attention, allreduce, fixed, sample, transfer)

@@ -14,6 +14,7 @@ from engine.model.llama_config import LlamaConfig
 from engine.model.partition import stage_layers
 from engine.sim import constants as C
 from engine.sim.devices import Device
+from engine.sim.host_profiles import HOST_PROFILES
 from engine.sim.models import ModelSpec
 
 WEIGHT_DTYPES = ("bf16", "fp8", "fp4")
@@ -32,11 +33,14 @@ class Deployment:
     dtype: str = "bf16"
     kv_dtype: str = "bf16"
     pp: int = 1
+    host: str = "default"  # the engine's host profile (engine/sim/host_profiles.py)
 
     def __post_init__(self) -> None:
         m, d = self.model, self.device
         if self.dtype not in WEIGHT_DTYPES:
             raise SimConfigError(f"dtype {self.dtype!r}: choose one of {', '.join(WEIGHT_DTYPES)}")
+        if self.host not in HOST_PROFILES:
+            raise SimConfigError(f"host profile {self.host!r}: choose one of {', '.join(HOST_PROFILES)}")
         if self.kv_dtype not in KV_DTYPES:
             raise SimConfigError(f"kv dtype {self.kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
         if not d.supports(self.dtype):

@@ -11,6 +11,7 @@ from typing import Any
 from engine.errors import InvalidParamError
 from engine.sim.deployment import KV_DTYPES, WEIGHT_DTYPES
 from engine.sim.devices import DEVICE_NAMES
+from engine.sim.host_profiles import HOST_PROFILES
 from engine.sim.models import MODEL_NAMES
 from engine.sim.spec import LEVER_FIELDS
 
@@ -108,6 +109,7 @@ SIDE_FIELDS = {f.key: f for f in (
     Field("block_size", int, choices=(8, 16, 32, 64, 128)),
     Field("prefix_caching", bool),
     Field("prefix_aware_routing", bool),
+    Field("host_profile", str, choices=HOST_PROFILES),
     Field("kv_budget_mb", float, 1, 10_000_000),
     Field("queue_cap", int, 1, 1_000_000),
     Field("deadline_s", float, 0.1, 86400),

@@ -33,7 +33,8 @@ def step_shape(batch: SchedulerOutput) -> tuple[StepShape, dict[str, int]]:
         if done + n == len(seq.prompt_token_ids) + len(seq.output_token_ids):  # seq.num_tokens, inlined
             tokens[seq.request_id] = SIM_TOKEN
     num_tokens, decode_ctx = sum(counts), decode_ctx + num_decodes
-    return StepShape(num_tokens, len(tokens), num_decodes, decode_ctx, prefill_attn, prefill_ctx), tokens
+    shape = StepShape(num_tokens, len(tokens), num_decodes, decode_ctx, prefill_attn, prefill_ctx, len(counts), not batch.continued)
+    return shape, tokens
 
 
 class CostModelRunner:

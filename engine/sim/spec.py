@@ -33,6 +33,7 @@ LEVER_FIELDS: dict[str, str] = {
     "max_replicas": "max_replicas", "warm_pool": "warm_pool", "provision_delay_s": "provision_delay_s",
     "system_prompt_tokens": "system_prompt_tokens", "system_prompt_share": "system_prompt_share",
     "prefix_aware_routing": "prefix_aware_routing", "conversation_turns": "conversation_turns",
+    "host_profile": "host_profile",
 }  # fmt: skip
 
 
@@ -91,6 +92,9 @@ class SimSpec:
     # batch run this many steps per schedule (vLLM 0.6's --num-scheduler-steps).
     prefill_first: bool = False
     scheduler_steps: int = 1
+    # The engine's host work per step, by generation (engine/sim/host_profiles.py): "default" is the
+    # cost model's fixed step overhead; the others are Vidur's measured stages, serial or hidden.
+    host_profile: str = "default"
     prefix_caching: bool = False  # random prompts share no prefix; hashing them only costs time
     paged: bool = True  # False: static batches over contiguous max-length KV slabs (EngineConfig.paged)
     block_size: int = 16  # KV block size in tokens (EngineConfig.block_size)
@@ -172,7 +176,7 @@ class SimSpec:
             raise SimConfigError(f"--conversation-turns {self.conversation_turns} must be at least 1")
         if self.front_on_device:
             device = device.with_front()
-        dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype, self.pp)
+        dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype, self.pp, self.host_profile)
         if self.gpus % self.group:
             raise SimConfigError(f"--gpus {self.gpus} is not a whole number of {self.shape_name} replicas")
         if (self.prefill_gpus is None) != (self.decode_gpus is None):
