@@ -120,7 +120,7 @@ def agrees(expected: str, before: float | None, after: float | None, others: set
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base-url", required=True)
-    parser.add_argument("--steps", type=int, nargs="*", default=list(range(1, 9)))
+    parser.add_argument("--steps", type=int, nargs="*", default=[lesson.step for lesson in LessonLibrary().lessons()])
     parser.add_argument("--baseline-s", type=float, default=15.0)
     parser.add_argument("--cards", nargs="*", help="only the cards with these titles")
     parser.add_argument("--json", type=Path, help="write every card's line here too")
