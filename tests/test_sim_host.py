@@ -69,3 +69,21 @@ def test_a_profile_is_a_side_key_and_round_trips_through_its_command() -> None:
     assert spec_from_command(command_for(spec)).host_profile == "python-2024"
     with pytest.raises(SimConfigError, match="host profile"):
         Deployment(get_model("llama-3.1-8b"), get_device("h100"), host="vllm-2030")
+
+
+def test_async_output_reaches_the_client_one_step_later() -> None:
+    """An engine that processes a step's outputs while the next step runs (vLLM 0.6, SGLang 0.4,
+    vLLM v1) delivers each token when that next step ends: a lone request's first token waits one
+    decode step if it has more to generate, none if the prompt's step was its last (nothing follows
+    to wait for). A serial engine delivers it at its own step's end either way."""
+    from engine.sim.run import SimSpec, simulate
+
+    def ttft(profile: str, output_tokens: int) -> float:
+        spec = SimSpec("llama-3.1-8b", "h100", 1, input_tokens=1000, output_tokens=output_tokens, num_requests=1,
+                       host_profile=profile)  # fmt: skip
+        return simulate(spec)["ttft_p50_s"]
+
+    assert ttft("python-2024", 5) == pytest.approx(ttft("python-2024", 1), rel=1e-9)
+    one_step = ttft("overlapped", 5) - ttft("overlapped", 1)
+    decode = cost("overlapped", StepShape(1, 1, 1, 1001, 0.0, 0, 1))
+    assert one_step == pytest.approx(decode, rel=1e-6)

@@ -18,6 +18,7 @@ from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.serving.telemetry.events import EventLog
 from engine.sim import constants as C
 from engine.sim.deployment import Deployment
+from engine.sim.host_profiles import PROFILES
 from engine.sim.loop import EventLoop
 from engine.sim.pipelined_replica import PipelinedSimReplica
 from engine.sim.replica import Finished, SimReplica
@@ -43,7 +44,9 @@ def sim_replica(
     as stages, or one at a time)."""
     engine = LLMEngine(config, loop.clock, sim_executor(dep, config))
     if dep.pp == 1:
-        return SimReplica(replica_id, engine, loop, on_finished, kv_transfer_s, load_s, on_message, record_steps)
+        replica = SimReplica(replica_id, engine, loop, on_finished, kv_transfer_s, load_s, on_message, record_steps)
+        replica.defer_outputs = PROFILES[dep.host].defers_outputs
+        return replica
     return PipelinedSimReplica(
         replica_id, engine, loop, on_finished, kv_transfer_s, load_s, on_message, record_steps,
         stages=dep.pp, overlap=pp_overlap,

@@ -88,6 +88,12 @@ class HostProfile:
     engines: str  # which engines, in words
     source: str
 
+    @property
+    def defers_outputs(self) -> bool:
+        """Outputs processed while the next step runs reach the client when that step ends (vLLM
+        0.6's async output processing, SGLang 0.4's overlap): every token one step later."""
+        return self.mode in (HostMode.MULTI_STEP, HostMode.OVERLAPPED)
+
     def cost(self, running: int, tp: int, scheduled: bool) -> HostCost:
         """One step's host cost with `running` sequences in the batch; `scheduled` False is a later
         step of a multi-step run (no schedule, no input preparation)."""

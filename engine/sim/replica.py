@@ -55,6 +55,10 @@ class SimReplica:
         if not record_steps:
             engine.step_records = None
         self.engine = engine
+        # Async output processing (engine/sim/host_profiles.py defers_outputs): a step's outputs are
+        # processed while the next step runs and reach the client when it ends; _pending holds them.
+        self.defer_outputs = False
+        self._pending: tuple[float, list[tuple[Any, int, int, bool, bool]], list] | None = None
         self.config = engine.config
         self.runner: CostModelRunner = engine.runner
         self.loop = loop
@@ -187,6 +191,7 @@ class SimReplica:
         self._report(outputs)
         self.running_max = max(self.running_max, len(self.engine.scheduler.running))
         if not batch.seqs:  # nothing can run until a request arrives or leaves
+            self._flush()  # no next step to wait for: the last outputs go out as processed
             self._busy = False
             self.stats = self._snapshot()
             if self.state == ReplicaState.DRAINING and not self.engine.has_work():
@@ -202,7 +207,11 @@ class SimReplica:
             return  # failed mid-step: the step's results are lost with the replica
         kv = self.engine.kv
         self.kv_usage_max = max(self.kv_usage_max, kv.num_used_blocks / kv.num_blocks)
-        self._report(self.engine.end_step(batch, tokens, stream=False))  # only the ended
+        outputs = self.engine.end_step(batch, tokens, stream=False)  # only the ended
+        if self.defer_outputs:
+            self._defer(batch, outputs)
+        else:
+            self._report(outputs)
         self.stats = self._snapshot()
         self.tokens_out += len(tokens)
         if self.on_message is not None:
@@ -232,6 +241,39 @@ class SimReplica:
         steps = self.engine.step_records.take() if self.engine.step_records is not None else []
         self.on_message(StepMessage(self.replica_id, self.loop.clock.now(), deltas, errors, stats, self.state, steps))
 
+    def _defer(self, batch: SchedulerOutput, outputs: list) -> None:
+        """This step's outputs wait for the next step's end; the last step's go out now, their
+        tokens (and first token, and end) moved from their step's end to this moment."""
+        now = self.loop.clock.now()
+        marks = []  # what this step stamped, found before the held step's are moved onto `now` too
+        for seq in {id(s): s for s in (*batch.seqs, *(out.seq for out in outputs if out.seq is not None))}.values():
+            times = seq.times
+            tokens = times.tokens
+            i = len(tokens)
+            while i > 0 and tokens[i - 1] == now:
+                i -= 1
+            marks.append((times, i, len(tokens), times.first_token == now, times.finished == now))
+        self._flush(now)
+        self._pending = (now, marks, outputs)
+
+    def _flush(self, now: float | None = None) -> None:
+        """Deliver the held step's outputs, at `now` (None: at their own step's end)."""
+        if self._pending is None:
+            return
+        stamped, marks, outputs = self._pending
+        self._pending = None
+        if now is not None and now != stamped:
+            for times, begin, end, first, finished in marks:
+                tokens = times.tokens
+                for i in range(begin, min(end, len(tokens))):
+                    if tokens[i] == stamped:
+                        tokens[i] = now
+                if first and times.first_token == stamped:
+                    times.first_token = now
+                if finished and times.finished == stamped:
+                    times.finished = now
+        self._report(outputs)
+
     def _report(self, outputs: list) -> None:
         for out in outputs:
             if out.finished and out.finish_reason == FinishReason.DEADLINE:  # as a live replica answers it
@@ -254,6 +296,7 @@ class SimReplica:
                 self.on_finished(seq)
 
     def _end(self, state: ReplicaState, reason: str) -> None:
+        self._flush()  # what the last step finished was processed before the end
         self.state = state
         self._busy = False  # a step in flight ends with nothing (see _end_step)
         self.error = reason if state == ReplicaState.FAILED else None
