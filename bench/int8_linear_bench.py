@@ -8,7 +8,6 @@ four shapes (qkv, o, gate_up, down) and 1, 64 and 2,048 rows; ms per call, mean 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -29,11 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.int8_linear_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--isa", default=None, help="cap the CPU tier (SERVELAB_CPU_ISA), e.g. avx2")
     args = parser.parse_args(argv)
-    if args.isa:
-        os.environ["SERVELAB_CPU_ISA"] = args.isa
-        from engine import machine
+    from engine import machine  # torch-free: the cap is set before torch loads
 
-        machine.apply_isa_override()
+    machine.apply_isa_override(args.isa)
     import torch
 
     from engine.kernels import cpu_attention

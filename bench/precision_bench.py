@@ -24,11 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     args = parser.parse_args(argv)
-    if args.isa:  # before torch loads: oneDNN reads its cap once
-        os.environ["SERVELAB_CPU_ISA"] = args.isa
-        from engine import machine
+    from engine import machine  # torch-free: the cap is set before torch loads
 
-        machine.apply_isa_override()
+    machine.apply_isa_override(args.isa)
     from bench.engine_bench import build_servelab, round_seed, run_servelab
     from bench.workload import time_one_stream
     from engine import SamplingParams, machine

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,12 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="the reference engine's dtype (auto: this machine's)")
     parser.add_argument("--isa", default=None, help="cap the CPU tier (SERVELAB_CPU_ISA), e.g. avx2")
     args = parser.parse_args(argv)
-    if args.isa:  # before torch loads: oneDNN reads its cap once
-        os.environ["SERVELAB_CPU_ISA"] = args.isa
-        from engine import machine
+    from engine import machine  # torch-free: the cap is set before torch loads
 
-        machine.apply_isa_override()
-    from engine import machine
+    machine.apply_isa_override(args.isa)
     from engine.model.int8_linear import has_int8_dot
 
     base = {"dtype": args.dtype, "compile": False}

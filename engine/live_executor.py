@@ -17,8 +17,9 @@ from engine.distributed import ShardGroup, world_size
 from engine.executor import Executor
 from engine.kernels import pick_impl
 from engine.memory import plan_kv_blocks
+from engine.model import int8_linear
 from engine.model.compile import compile_model
-from engine.model.int8_linear import has_int8_dot, int8_path, quantize_model
+from engine.model.int8_linear import quantize_model
 from engine.model.llama import Llama
 from engine.model.llama_config import model_config
 from engine.model.loader import load_model
@@ -78,8 +79,6 @@ def load_live(config: EngineConfig) -> LiveParts:
         raise
     tokenizer = load_tokenizer(path)
     runner = ModelRunner(model, memory.num_blocks, config.block_size, kv_dtype, config.device, config.huge_pages)
-    if kv_dtype != dtype:  # the C++ op and the Triton kernels read the cache in the queries' dtype
-        model.attention_impl = "torch"
     if group is not None:
         runner.on_step = group.send_step
         if config.pipeline_parallel > 1:
@@ -117,8 +116,7 @@ def linear_description(model: Llama, config: EngineConfig) -> str:
     """The linears' path as the plan says it: "onednn-prepacked", "torch", "cublas", or the int8
     GEMM's ("int8 onednn-vnni", "int8 onednn-7bit", "int8 int_mm")."""
     if config.quantization == "int8":
-        path = int8_path(config.device)
-        return "int8 " + ("int_mm" if path != "onednn" else ("onednn-vnni" if has_int8_dot() else "onednn-7bit"))
+        return int8_linear.describe(config.device)
     if model.packed_lm_head is not None:
         return "onednn-prepacked"
     return "cublas" if config.device.startswith("cuda") else "torch"

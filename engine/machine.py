@@ -176,9 +176,12 @@ def cpu() -> CpuInfo:
     return CpuInfo(arch, model, system, features, hardware, tier, override, usable_cores(), source)
 
 
-def apply_isa_override() -> None:
-    """With SERVELAB_CPU_ISA set, cap torch's kernels (oneDNN, ATen, MKL) to that tier too, before
-    torch reads its environment. A value the user already set is kept."""
+def apply_isa_override(tier: str | None = None) -> None:
+    """With SERVELAB_CPU_ISA set (or tier given, which sets it: a bench's `--isa`), cap torch's
+    kernels (oneDNN, ATen, MKL) to that tier too, before torch reads its environment (oneDNN reads
+    its cap once). A value the user already set is kept."""
+    if tier:
+        os.environ[ENV_ISA] = tier
     tier = os.environ.get(ENV_ISA)
     for name, value in TORCH_CAPS.get(tier or "", {}).items():
         os.environ.setdefault(name, value)

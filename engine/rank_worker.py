@@ -79,8 +79,6 @@ def worker_main(config: EngineConfig, rank: int, port: int, conn: Any, cores: li
     if tp > 1:
         model.all_reduce = AllReduceTimer(stage_group)
     runner = ModelRunner(model, num_blocks, config.block_size, kv_dtype, device, config.huge_pages)
-    if kv_dtype != dtype:  # as rank 0 (live_executor.py): the torch kernels widen the fp8 cache
-        model.attention_impl = "torch"
     last = stage == pp - 1
     # Where this rank's output goes: the next stage's same TP rank, or rank 0 from the last stage's lead.
     dst = None if last and tp_rank != 0 else (0 if last else rank + tp)

@@ -61,6 +61,8 @@ class ModelRunner:
             return torch.zeros(shape, dtype=dtype, device=device).permute(1, 2, 0, 3)
 
         self.kv_caches = [(cache(), cache()) for _ in range(cfg.num_layers)]
+        if dtype != model.embed.dtype:  # the C++ op and the Triton kernels read the cache in the queries'
+            model.attention_impl = "torch"  # dtype; the torch path widens an fp8 cache
         self.sampler = Sampler()
         self.eos_token_ids = list(cfg.eos_token_ids)  # masked while a request is under min_tokens
         # Tensor parallelism: rank 0 sends each step's batch to the other ranks before running it.

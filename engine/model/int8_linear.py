@@ -52,6 +52,14 @@ def int8_path(device: str) -> str:
     return "int_mm"
 
 
+def describe(device: str) -> str:
+    """The int8 GEMM the linears take here, as the executor's plan names it: "int8 onednn-vnni",
+    "int8 onednn-7bit" (no int8 dot products: 7-bit weights) or "int8 int_mm"."""
+    if int8_path(device) != "onednn":
+        return "int8 int_mm"
+    return "int8 onednn-vnni" if has_int8_dot() else "int8 onednn-7bit"
+
+
 def has_int8_dot() -> bool:
     """Whether oneDNN multiplies int8 here with VNNI (AVX-512 VNNI, AVX-VNNI) or AMX-INT8, which
     sum in int32; without, it saturates in int16 (7-bit weights keep clear of it)."""

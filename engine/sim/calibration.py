@@ -171,7 +171,11 @@ def describe(key: MachineKey | None = None, directory: Path | None = None) -> st
     """Whose fit the `cpu` device is, its step error, and what this machine is waiting for: the
     words every prediction on the cpu device carries."""
     key = key or this_machine()
-    found = load(key, directory)
+    return describe_found(key, load(key, directory), directory)
+
+
+def describe_found(key: MachineKey, found: Calibration | None, directory: Path | None = None) -> str:
+    """describe() of a calibration already loaded (a caller that also reads its status)."""
     if found is None:
         return "cpu device not calibrated (`make calibrate` fits this machine)"
     status = found.status(calibrating_since(key, directory))

@@ -27,6 +27,9 @@ def model_label(name: str) -> str:
     return "-".join([head, *(part.upper() if part[-1:] in "bm" else part for part in rest)])
 
 
+BADGE_LEVERS = ("device", "gpu_count", "prefill_gpus", "decode_gpus", "model", "tensor_parallel", "pipeline_parallel")
+
+
 def badge(levers: dict[str, Any]) -> str:
     """What every simulated chart and panel says it shows: 'simulated: H100 x 64, Llama-3.1-70B'."""
     pools = int(levers["prefill_gpus"])

@@ -31,7 +31,7 @@ from engine.lab.envelope import Facts
 from engine.lab.facade import SimState
 from engine.lab.replica_bounds import replica_bounds
 from engine.lab.shape import min_tensor_parallel
-from engine.lab.simulated.lab_check import badge, check_sim, fits
+from engine.lab.simulated.lab_check import BADGE_LEVERS, badge, check_sim, fits
 from engine.lab.simulated.pools import merge_pools
 from engine.lab.traffic import Ramp
 from engine.levers import ROUTER_LEVERS
@@ -72,6 +72,7 @@ class SimLab:
         self.spec, self.dep = check_sim(levers, {})
         self.min_tp = min_tensor_parallel({tp: fits(self.dep, tp) for tp in (1, 2, 4, 8)})
         self.levers = dict(levers)
+        self._badge_cache: tuple[tuple[Any, ...], str] | None = None
         # The serving layer's guards, one object for both pools; apply() changes it in place.
         self.defences = Defences.from_levers(self.levers)
         self.on_snapshot = on_snapshot
@@ -327,9 +328,18 @@ class SimLab:
             allreduces_per_step=C.ALLREDUCES_PER_LAYER * dep.model.cfg.num_layers if dep.tp > 1 else 0,
         )
 
+    def _badge(self) -> str:
+        """The badge, made again only when its levers change: state() runs every snapshot. A cpu
+        device's words read the calibration files (calibrating, waiting for a quiet machine), so
+        they are read each time."""
+        key = tuple(self.levers.get(k) for k in BADGE_LEVERS)
+        if self.levers["device"] == "cpu" or self._badge_cache is None or self._badge_cache[0] != key:
+            self._badge_cache = (key, badge(self.levers))
+        return self._badge_cache[1]
+
     def state(self) -> SimState:
         return SimState(
-            badge=badge(self.levers),
+            badge=self._badge(),
             sim_time_s=round(self.clock.now(), 2),
             speed=int(self.levers["sim_speed"]),
             achieved_speed=round(self.achieved_speed, 1),

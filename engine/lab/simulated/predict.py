@@ -81,7 +81,7 @@ def predict(levers: dict[str, Any]) -> dict[str, Any]:
     key = calibration.this_machine()
     found = calibration.load(key)
     status = found.status(calibration.calibrating_since(key)) if found is not None else None
-    badge = f"predicted: the simulator, {calibration.describe(key)}"
+    badge = f"predicted: the simulator, {calibration.describe_found(key, found)}"
     return {
         "horizon_s": horizon,
         "requests": spec.num_requests,
