@@ -46,6 +46,11 @@ class EngineConfig:
     starvation_s: float = 5.0
     aging: bool = True  # the defence lever: off, no waiter is ever favoured for its age
     admission: str = "greedy"  # ADMISSION_POLICIES
+    # vLLM v0's watermark (BlockSpaceManager(watermark=0.01), `can_allocate`): greedy admission takes a
+    # prompt only if its whole prompt fits and this fraction of all KV blocks stays free, so a long
+    # prompt does not start on its first chunk's room and thrash (BENCHMARKS.md "Long contexts").
+    # 0.0: admit as soon as the first chunk fits (vLLM v1's rule, the default).
+    kv_watermark: float = 0.0
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
     # Fewer threads while other processes keep this replica's cores busy (engine/threads.py); the
     # most it uses is num_threads. Off: the count is fixed (benchmarks that compare thread counts).
@@ -110,6 +115,9 @@ class EngineConfig:
             raise InvalidParamError("kv_cache_dtype", f"must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.admission not in ADMISSION_POLICIES:
             raise InvalidParamError("admission", f"must be one of {ADMISSION_POLICIES}, got {self.admission!r}")
+        watermark = self.kv_watermark
+        if isinstance(watermark, bool) or not isinstance(watermark, (int, float)) or not 0 <= watermark < 1:
+            raise InvalidParamError("kv_watermark", f"must be a fraction in [0, 1), got {watermark!r}")
         if self.starvation_s < 0:
             raise InvalidParamError("starvation_s", "must not be negative")
         if not isinstance(self.prefill_first, bool):

@@ -4,7 +4,9 @@ Continuous batching (vLLM v1's idea): there are no prefill and decode phases. Ea
 `num_computed_tokens` catching up with `num_tokens` under a per-step token budget: a decode is
 1 token, a prompt is many (split into chunks when chunked prefill is on), a prefix-cache hit
 starts the counter ahead. When KV blocks run out, the newest running sequence is preempted
-(its blocks freed, recomputed later), and no new sequence is admitted in that step.
+(its blocks freed, recomputed later), and no new sequence is admitted in that step. A prompt is
+admitted once its first chunk's blocks fit (vLLM v1), or, with EngineConfig.kv_watermark, once all
+of it fits with that share of the blocks left free (vLLM v0's can_allocate).
 
 Two policies of the 2024 engines, off by default (EngineConfig.prefill_first, scheduler_steps):
 prompts in steps of their own, the decodes running only when no prompt can, and multi-step runs,
@@ -216,6 +218,9 @@ class Scheduler:
         bs = self.kv.block_size
         reserve = self.config.admission == "reserve"
         unpromised = self._unpromised_blocks() if reserve else 0
+        watermarked = self.config.kv_watermark > 0  # read each step, as the other levers
+        owed = self._owed_prompt_blocks() if watermarked else 0
+        keep_free = int(self.config.kv_watermark * self.kv.num_blocks) if watermarked else 0  # vLLM's int()
         for seq in order:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
@@ -229,6 +234,8 @@ class Scheduler:
             if reserve:
                 revived = self.kv.num_revived(prefix)
                 fits = fits and blocks_for(seq.max_total_tokens, bs) - len(prefix) + revived <= unpromised
+            if watermarked and fits and self.running:  # alone on the replica, nothing else will free blocks
+                fits = self._leaves_watermark(seq, prefix, owed, keep_free)
             if not fits or not self.kv.can_admit(prefix, n):
                 if starving and seq is oldest:
                     break  # hold everything back until the oldest waiter fits
@@ -238,6 +245,8 @@ class Scheduler:
             assert self.kv.allocate(seq, n)
             if reserve:
                 unpromised -= free_before - self.kv.num_free_blocks + self._growth(seq)
+            if watermarked:
+                owed += self._owed(seq)
             self.waiting.remove(seq)
             self.running.append(seq)
             seq.status = SequenceStatus.RUNNING
@@ -265,6 +274,25 @@ class Scheduler:
     def _unpromised_blocks(self) -> int:
         """Free blocks less what every running sequence may still grow into."""
         return self.kv.num_free_blocks - sum(self._growth(s) for s in self.running)
+
+    # vLLM v0's admission watermark (EngineConfig.kv_watermark) ------------------------------------------
+
+    def _leaves_watermark(self, seq: Sequence, prefix: list[int], owed: int, keep_free: int) -> bool:
+        """vLLM v0's can_allocate: the waiter's whole uncached prompt (and any cached blocks it takes
+        out of the free queue), less what earlier admissions still owe, leaves keep_free blocks free.
+        vLLM allocated a prompt's blocks whole at admission; here they are taken chunk by chunk, so
+        the blocks still owed to prompts part-way through their prefill count as taken."""
+        need = blocks_for(seq.num_tokens, self.kv.block_size) - len(prefix) + self.kv.num_revived(prefix)
+        return self.kv.num_free_blocks - owed - need >= keep_free
+
+    def _owed(self, seq: Sequence) -> int:
+        """Blocks a running sequence still needs to finish its prompt (a recompute: prompt + outputs)."""
+        if seq.num_tokens - seq.num_computed_tokens <= 1:  # decoding: its growth is the watermark's job
+            return 0
+        return max(0, blocks_for(seq.num_tokens, self.kv.block_size) - len(seq.block_table))
+
+    def _owed_prompt_blocks(self) -> int:
+        return sum(map(self._owed, self.running))
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute-style preemption: drop the KV, requeue at the front, keep the tokens."""

@@ -72,6 +72,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--max-batched-tokens", type=int, default=8192)
     r.add_argument("--admission", choices=("greedy", "reserve"), default="greedy",
                    help="greedy: vLLM (preempt when full); reserve: TensorRT-LLM's guaranteed-no-evict")
+    r.add_argument("--kv-watermark", type=float, default=0.0,
+                   help="greedy admission takes a prompt only if all of it fits with this share of the KV blocks "
+                        "left free (vLLM v0's --watermark rule, 0.01 there); 0: its first chunk is enough (vLLM v1)")
     r.add_argument("--prefix-caching", type=_bool, default=False)
     r.add_argument("--prefill-first", type=_bool, default=False,
                    help="a step of prompts alone whenever one can run, else the decodes alone (vLLM v0 without "
@@ -127,6 +130,8 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         raise SimConfigError("--queue-cap must be at least 1 and --deadline-s positive")
     if not 0 <= args.input_range_ratio < 1:
         raise SimConfigError("--input-range-ratio must be in [0, 1)")
+    if not 0 <= args.kv_watermark < 1:
+        raise SimConfigError("--kv-watermark must be in [0, 1)")
     return SimSpec(
         model=args.model, device=args.device, gpus=args.gpus, tp=args.tp, pp=args.pp,
         pp_overlap=args.pp_overlap, dtype=args.dtype, kv_dtype=kv,
@@ -138,7 +143,7 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         system_prompt_tokens=args.system_prompt_tokens, system_prompt_share=args.system_prompt_share,
         conversation_turns=args.conversation_turns,
         prefix_aware_routing=args.prefix_aware_routing,
-        seed=args.seed, admission=args.admission, prefix_caching=args.prefix_caching, paged=args.paged,
+        seed=args.seed, admission=args.admission, kv_watermark=args.kv_watermark, prefix_caching=args.prefix_caching, paged=args.paged,
         prefill_first=args.prefill_first, scheduler_steps=args.scheduler_steps, central_queue=args.central_queue,
         host_profile=args.host_profile,
         block_size=args.block_size, queue_cap=args.queue_cap, deadline_s=args.deadline_s,

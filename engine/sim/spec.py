@@ -87,6 +87,7 @@ class SimSpec:
     tpot_slo_ms: float | None = None
     seed: int = 0
     admission: str = "greedy"  # engine/config.py ADMISSION_POLICIES
+    kv_watermark: float = 0.0  # EngineConfig.kv_watermark: vLLM v0's whole-prompt admission, 0 off (v1)
     # The 2024 Python engines' scheduling (EngineConfig.prefill_first, scheduler_steps): prompt
     # steps apart from decode steps (vLLM v0 without chunked prefill, SGLang 0.3), and a decode
     # batch run this many steps per schedule (vLLM 0.6's --num-scheduler-steps).
@@ -203,7 +204,7 @@ class SimSpec:
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
             max_num_seqs=self.max_num_seqs, max_batched_tokens=self.max_batched_tokens,
-            prefix_caching=self.prefix_caching, admission=self.admission, seed=self.seed,
+            prefix_caching=self.prefix_caching, admission=self.admission, kv_watermark=self.kv_watermark, seed=self.seed,
             paged=self.paged, block_size=self.block_size, kv_budget_mb=self.kv_budget_mb,
             prefill_first=self.prefill_first, scheduler_steps=self.scheduler_steps,
         )
