@@ -128,6 +128,7 @@ bench-sim: $(STAMP)
 	$(PY) -m bench.sim_disagg
 	$(PY) -m bench.sim_pipeline
 	$(PY) -m bench.sim_latency
+	$(PY) -m bench.sim_long_context
 	$(PY) -m bench.plan_worked
 	$(PY) -m bench.sim_speed
 	$(PY) -m bench.whatif_speed

@@ -109,6 +109,7 @@ class Row:
     scheduler_steps: int = 1  # EngineConfig.scheduler_steps: decode steps per schedule
     central_queue: bool = True  # SimSpec.central_queue: False, requests reach the engine on arrival
     host_profile: str = "default"  # the engine generation's host work (engine/sim/host_profiles.py)
+    kv_watermark: float = 0.0  # EngineConfig.kv_watermark: vLLM v0's whole-prompt admission with blocks kept free
 
 
 def _readme(model: str, device: str, gpus: int, engine: str, rate: int, ttft_ms: float, tpot_ms: float,
@@ -145,6 +146,9 @@ def _readme(model: str, device: str, gpus: int, engine: str, rate: int, ttft_ms:
         # profile): SGLang 0.3 paid it in series with the GPU; vLLM 0.6 scheduled and prepared once per
         # ten-step run and processed outputs asynchronously (its v0.6.0 post).
         host_profile="vllm-0.6-multistep" if vllm else "python-2024",
+        # vLLM 0.6.0 admitted a prompt only when all of its blocks fit with 1% of the cache left free
+        # (vllm/core/block_manager*.py can_allocate, BlockSpaceManager watermark=0.01).
+        kv_watermark=0.01 if vllm else 0.0,
         note="--num-scheduler-steps 10: scheduler_steps 10" if vllm else "",
     )
 
@@ -234,7 +238,7 @@ def run_row(row: Row, seconds: float, seed: int, host_s_per_seq: float = 0.0) ->
         input_tokens=row.input_tokens, output_tokens=row.output_tokens, input_range_ratio=SPREAD, num_requests=n,
         rate=row.rate, max_num_seqs=row.max_num_seqs, max_batched_tokens=row.max_batched_tokens,
         admission=row.admission, seed=seed, prefill_first=row.prefill_first, scheduler_steps=row.scheduler_steps,
-        central_queue=row.central_queue, host_profile=row.host_profile,
+        central_queue=row.central_queue, host_profile=row.host_profile, kv_watermark=row.kv_watermark,
     )
     spec.chunked_prefill = row.chunked_prefill
     spec.host_s_per_seq = host_s_per_seq
@@ -321,7 +325,8 @@ def main() -> None:
             "tp": row.tp, "dtype": row.dtype, "rate": row.rate, "input_tokens": row.input_tokens,
             "output_tokens": row.output_tokens, "input_range_ratio": SPREAD, "requests": o.result["completed"],
             "counted": o.counted, "max_num_seqs": row.max_num_seqs, "max_batched_tokens": row.max_batched_tokens,
-            "chunked_prefill": row.chunked_prefill, "admission": row.admission, "prefill_first": row.prefill_first,
+            "chunked_prefill": row.chunked_prefill, "admission": row.admission, "kv_watermark": row.kv_watermark,
+            "prefill_first": row.prefill_first,
             "scheduler_steps": row.scheduler_steps, "central_queue": row.central_queue, "note": row.note,
             "host_profile": row.host_profile, "host_profile_source": PROFILES[row.host_profile].source,
             "group": group(row), "assumed": row.assumed,
