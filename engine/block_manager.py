@@ -139,6 +139,10 @@ class BlockManager:
         table += self._take_free_blocks(need)
         return True
 
+    def add_block(self, seq: Sequence) -> None:
+        """One more block for seq (a steady decode whose last block filled; the caller checked room)."""
+        seq.block_table += self._take_free_blocks(1)
+
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Publish every block that seq's computed tokens now fill, for later prefix hits."""
         if not self.enable_prefix_caching:

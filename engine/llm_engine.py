@@ -26,6 +26,7 @@ from engine.ranks import tp_stats
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
 from engine.sequence import FinishReason, RequestTimes, Sequence, SequenceStatus, TokenLogprobs
+from engine.steady_decodes import SteadyDecodes
 from engine.step_record import StepRing, step_record
 
 if TYPE_CHECKING:  # the live executor's types: torch is loaded only when an engine loads a model
@@ -254,6 +255,8 @@ class LLMEngine:
         # Locals for the loop below: a big what-if step runs it for a thousand sequences.
         token_of, emit_one, stop, length = new_tokens.get, self._emit, FinishReason.STOP, FinishReason.LENGTH
         emit_all = stream or text  # else only a token that ends its request, or may (stop strings), is emitted
+        steady = self.scheduler.steady
+        held: list[tuple[Sequence, int, FinishReason | None]] | None = [] if steady is not None else None
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             if publish is not None:
@@ -270,10 +273,32 @@ class LLMEngine:
             # The stop check, from what add_request fixed (stop strings are checked with the text).
             reason = stop if token in seq.stop_ids else length if len(output_ids) >= seq.max_output else None
             # Most tokens of a run nobody streams end nothing and make no text: nothing to do.
-            if (reason or emit_all or seq.has_stop_strings) and (
-                out := emit_one(seq, token, reason, now, stream)
-            ) is not None:
+            if not (reason or emit_all or seq.has_stop_strings):
+                continue
+            if held is not None:  # emitted below, in running order with the steady decodes that ended
+                held.append((seq, token, reason))
+            elif (out := emit_one(seq, token, reason, now, stream)) is not None:
                 outputs.append(out)
+        if steady is not None and held is not None:
+            outputs += self._land_steady(steady, batch, held, now, stream)
+        return outputs
+
+    def _land_steady(
+        self, steady: SteadyDecodes, batch: SchedulerOutput, held: list[tuple[Sequence, int, FinishReason | None]],
+        now: float, stream: bool,
+    ) -> list[RequestOutput]:
+        """The steady decodes' step landed: those it ended are emitted with the batch's, in the
+        running order the loop above would have met them in; the batch's new decodes join."""
+        if batch.steady:
+            ending = steady.land(now)
+            if ending:
+                held += [(seq, steady.token, FinishReason.LENGTH) for seq in ending]
+                held.sort(key=lambda emit: self.scheduler.running.index(emit[0]))
+        outputs = [out for seq, token, reason in held if (out := self._emit(seq, token, reason, now, stream)) is not None]
+        running = SequenceStatus.RUNNING
+        for seq in batch.seqs:
+            if seq.status is running and steady.can_join(seq):
+                steady.join(seq)
         return outputs
 
     def _emit(self, seq: Sequence, token: int, reason: FinishReason | None, now: float, stream: bool) -> RequestOutput | None:
@@ -332,6 +357,8 @@ class LLMEngine:
 
     def stats(self) -> dict[str, Any]:
         running = self.scheduler.running
+        if self.scheduler.steady is not None:
+            self.scheduler.steady.sync()  # the steady decodes' counters, written out for the sum below
         return {
             "running": len(running),
             "waiting": len(self.scheduler.waiting),
@@ -345,7 +372,7 @@ class LLMEngine:
             "prefix_cache_queries": self.kv.prefix_queries,
             "prefix_cache_hits": self.kv.prefix_hits,
             "num_steps": self.num_steps,
-            "batch_size": len(self.last_batch.seqs),
+            "batch_size": len(self.last_batch.seqs) + self.last_batch.steady,
             # Static facts for the back-of-envelope panel: what the weights and the KV cache cost.
             "weight_bytes": self.memory.weight_bytes,
             "param_bytes": self.memory.param_bytes,

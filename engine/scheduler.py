@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engine.block_manager import BlockManager, blocks_for
 from engine.clock import Clock
 from engine.config import EngineConfig
 from engine.contiguous_allocator import ContiguousAllocator
 from engine.sequence import Sequence, SequenceStatus
+from engine.steady_decodes import SteadyDecodes
 
 # How fast waiting raises a request's priority: one priority level per second of waiting.
 AGING_PER_SECOND = 1.0
@@ -35,6 +38,14 @@ class SchedulerOutput:
     admitted: list[Sequence] = field(default_factory=list)
     expired: list[Sequence] = field(default_factory=list)  # dropped unstarted: their deadline passed
     continued: bool = False  # a later step of a multi-step run: nothing was scheduled for it
+    # Steady decodes (engine/steady_decodes.py) that run this step besides seqs, a token each, and
+    # their computed tokens before it: counted, not listed.
+    steady: int = 0
+    steady_context: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.seqs and not self.steady
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +72,8 @@ class Scheduler:
         self.run_steps_left = 0
         self.runs_started = 0
         self.in_run = False  # the batch scheduled last is a step of a run
+        # A what-if replica's steady decodes (engine/steady_decodes.py); None: every step visits all.
+        self.steady: SteadyDecodes | None = None
 
     def add(self, seq: Sequence) -> None:
         seq.times.queued = self.clock.now()
@@ -68,6 +81,8 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence and free its blocks."""
+        if self.steady is not None and seq in self.steady:
+            self.steady.leave(seq)
         try:
             self.running.remove(seq)  # one scan of the batch, not two
         except ValueError:
@@ -79,6 +94,9 @@ class Scheduler:
         """max_continuing: at most this many running sequences go on in this batch (a pipelined
         replica splits them over its batches in flight, as vLLM v0's virtual engines did)."""
         config = self.config
+        steady = self.steady
+        if steady is not None and steady.members and not self._steady_ok(max_continuing):
+            steady.release()
         if config.prefill_first or config.scheduler_steps > 1:
             return self._schedule_policy(max_continuing)
         out, budget = self._continue_running(max_continuing)
@@ -86,11 +104,27 @@ class Scheduler:
             self._admit(out, budget)
         return out
 
+    def _steady_ok(self, max_continuing: int | None) -> bool:
+        """Whether this step may run the steady decodes as counts: every running sequence goes on
+        (no pipeline share), prompts are chunked, and no block is published to the prefix cache."""
+        config = self.config
+        return (
+            config.chunked_prefill and not config.prefill_first and config.scheduler_steps == 1
+            and not self.kv.enable_prefix_caching
+            and (max_continuing is None or max_continuing >= len(self.running))
+        )  # fmt: skip
+
     def _continue_running(self, max_continuing: int | None) -> tuple[SchedulerOutput, int]:
         """The running sequences' tokens (decodes and prompt chunks), preempting the newest when KV
         runs out; the batch and the token budget it leaves."""
         out = SchedulerOutput()
         budget = self.config.max_batched_tokens
+        steady = self.steady
+        if steady is not None and self._steady_ok(max_continuing):
+            left = self._continue_steady(out, budget)
+            if left is not None:
+                return out, left
+            steady.release()  # a step that may not run them all: sequence by sequence, as below
         chunked = self.config.chunked_prefill
         seqs, counts, running, bs = out.seqs, out.num_new_tokens, SequenceStatus.RUNNING, self.kv.block_size
         add_seq, add_count = seqs.append, counts.append  # bound once: this loop runs for every sequence
@@ -128,6 +162,49 @@ class Scheduler:
                     budget -= n
                     break
         return out, budget
+
+    def _continue_steady(self, out: SchedulerOutput, budget: int) -> int | None:
+        """_continue_running with the steady decodes as counts: the others visited in running
+        order, each member taking one token of the budget in its place. None, having changed
+        nothing, when that would not run every member or a block would be short (preemption)."""
+        steady, running, kv = self.steady, self.running, self.kv
+        assert steady is not None
+        members, bs = steady.members, kv.block_size
+        if members:  # the others' places in the running order
+            where = np.flatnonzero(~np.fromiter(map(members.__contains__, running), bool, len(running))).tolist()
+        else:
+            where = range(len(running))
+        plan: list[tuple[Sequence, int]] = []
+        passed = blocks = 0  # members passed so far; blocks the others need
+        for j, i in enumerate(where):
+            seq = running[i]
+            if seq.in_flight:
+                return None
+            budget -= i - j - passed  # the members between the last one and this one
+            passed = i - j
+            if budget < 0:
+                return None
+            done = seq.num_computed_tokens
+            remaining = len(seq.prompt_token_ids) + len(seq.output_token_ids) - done
+            n = remaining if remaining < budget else budget  # noqa: FURB136
+            if n <= 0:
+                continue
+            blocks += max(0, blocks_for(done + n, bs) - len(seq.block_table))
+            plan.append((seq, n))
+            budget -= n
+        budget -= len(members) - passed
+        if budget < 0:
+            return None
+        growing = steady.growing() if members else []
+        if blocks + len(growing) > kv.num_free_blocks:
+            return None
+        for seq, n in plan:
+            assert kv.allocate(seq, n)
+            out.add(seq, n)
+        for seq in growing:
+            kv.add_block(seq)
+        out.steady, out.steady_context = len(members), steady.context
+        return budget
 
     # the policies of the 2024 engines (EngineConfig.prefill_first, scheduler_steps) ----------------
 
@@ -296,6 +373,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute-style preemption: drop the KV, requeue at the front, keep the tokens."""
+        if self.steady is not None and seq in self.steady:
+            self.steady.leave(seq)
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0

@@ -22,7 +22,8 @@ from engine.sim.host_profiles import PROFILES
 from engine.sim.loop import EventLoop
 from engine.sim.pipelined_replica import PipelinedSimReplica
 from engine.sim.replica import Finished, SimReplica
-from engine.sim.runner import sim_executor
+from engine.sim.runner import SIM_TOKEN, sim_executor
+from engine.steady_decodes import SteadyDecodes
 
 
 def kv_transfer_s(dep: Deployment, gpus: int) -> Callable[[int], float]:
@@ -32,6 +33,10 @@ def kv_transfer_s(dep: Deployment, gpus: int) -> Callable[[int], float]:
     link = C.INTER_NODE_BW if gpus > dep.device.gpus_per_node else dep.device.link_bw
     per_token = dep.stage_kv_bytes_per_token
     return lambda tokens: tokens * per_token / link
+
+
+# Steady decodes as counts (engine/steady_decodes.py): a switch for tests that compare both ways.
+STEADY_DECODES = True
 
 
 def sim_replica(
@@ -46,6 +51,9 @@ def sim_replica(
     if dep.pp == 1:
         replica = SimReplica(replica_id, engine, loop, on_finished, kv_transfer_s, load_s, on_message, record_steps)
         replica.defer_outputs = PROFILES[dep.host].defers_outputs
+        if STEADY_DECODES and not record_steps and not replica.defer_outputs and config.paged:
+            # Nobody draws its steps and its tokens land as they are made: its decodes run as counts.
+            engine.scheduler.steady = SteadyDecodes(SIM_TOKEN, config.block_size)
         return replica
     return PipelinedSimReplica(
         replica_id, engine, loop, on_finished, kv_transfer_s, load_s, on_message, record_steps,

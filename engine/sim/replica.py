@@ -190,7 +190,7 @@ class SimReplica:
         outputs, batch = self.engine.begin_step()
         self._report(outputs)
         self.running_max = max(self.running_max, len(self.engine.scheduler.running))
-        if not batch.seqs:  # nothing can run until a request arrives or leaves
+        if batch.empty:  # nothing can run until a request arrives or leaves
             self._flush()  # no next step to wait for: the last outputs go out as processed
             self._busy = False
             self.stats = self._snapshot()
@@ -213,9 +213,9 @@ class SimReplica:
         else:
             self._report(outputs)
         self.stats = self._snapshot()
-        self.tokens_out += len(tokens)
+        self.tokens_out += len(tokens) + batch.steady
         if self.on_message is not None:
-            self._publish(len(batch.seqs))
+            self._publish(len(batch.seqs) + batch.steady)
         self._begin()
 
     def _idle_share_now(self) -> list[float]:

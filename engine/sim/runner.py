@@ -32,8 +32,13 @@ def step_shape(batch: SchedulerOutput) -> tuple[StepShape, dict[str, int]]:
             prefill_attn += n * (done + (n + 1) / 2)
         if done + n == len(seq.prompt_token_ids) + len(seq.output_token_ids):  # seq.num_tokens, inlined
             tokens[seq.request_id] = SIM_TOKEN
-    num_tokens, decode_ctx = sum(counts), decode_ctx + num_decodes
-    shape = StepShape(num_tokens, len(tokens), num_decodes, decode_ctx, prefill_attn, prefill_ctx, len(counts), not batch.continued)
+    steady = batch.steady  # steady decodes: a token each, counted (engine/steady_decodes.py)
+    num_decodes += steady
+    num_tokens, decode_ctx = sum(counts) + steady, decode_ctx + batch.steady_context + num_decodes
+    shape = StepShape(
+        num_tokens, len(tokens) + steady, num_decodes, decode_ctx, prefill_attn, prefill_ctx, len(counts) + steady,
+        not batch.continued,
+    )
     return shape, tokens
 
 
