@@ -16,6 +16,10 @@ from engine.scheduler import SchedulerOutput
 
 
 class Runner(Protocol):
+    # The latest step's time in the model (forward + sampling), measured where the model runs:
+    # wall seconds live (the one place a step's wall time is read), the cost model's in a simulation.
+    last_model_s: float
+
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
         """Run one step; the new token of every sequence whose known tokens are all computed."""
         ...

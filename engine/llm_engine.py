@@ -216,9 +216,10 @@ class LLMEngine:
     def begin_step(self, max_continuing: int | None = None) -> tuple[list[RequestOutput], SchedulerOutput]:
         """Drop aborted requests and schedule (Scheduler.schedule's max_continuing); the what-if
         replica runs the batch in virtual time and calls end_step when the cost model says it is over."""
+        self._step_started = self.clock.now()  # the step's host time begins with its scheduling
         outputs = self._drop_aborted()
         batch = self.scheduler.schedule(max_continuing)
-        now = self._step_started = self.clock.now()
+        now = self.clock.now()
         for seq in batch.expired:  # never started: no blocks to free, nothing generated
             self._finish(seq, FinishReason.DEADLINE, now)
             outputs.append(RequestOutput(seq.request_id, [], "", True, FinishReason.DEADLINE, seq))
@@ -234,18 +235,23 @@ class LLMEngine:
         stream: bool = True,
         started: float | None = None,
         stages: tuple[tuple[float, float], ...] = (),
+        model_s: float | None = None,
     ) -> list[RequestOutput]:
         """started: when this batch began, where batches overlap (a pipelined replica's stages);
-        otherwise the latest begin_step's. stages: each pipeline stage's (start, end) on it."""
+        otherwise the latest begin_step's. stages: each pipeline stage's (start, end) on it.
+        model_s: the model's part of the step, where the runner's latest (last_model_s) is another
+        batch's (a simulated pipeline's); the executor measures it, this layer reads no wall time."""
         self.num_steps += 1
-        cfg, records = self.config, self.step_records  # read the batch before _postprocess moves it on
+        cfg, records, record = self.config, self.step_records, None  # read the batch before _postprocess moves it on
         if records is not None:
             began = self._step_started if started is None else started
-            records.append(
-                step_record(batch, self.replica_id, began, self.clock.now(), cfg.max_batched_tokens, cfg.max_num_seqs, stages)
-            )
+            record = step_record(batch, self.replica_id, began, began, cfg.max_batched_tokens, cfg.max_num_seqs, stages)
+        model = self.runner.last_model_s if model_s is None else model_s
         outputs = self._postprocess(batch, new_tokens, stream)
-        return self._run.hold(outputs, self.scheduler, self.clock.now()) if self._run.active else outputs
+        now = self.clock.now()  # after the outputs: processing them is the step's host time too
+        if records is not None and record is not None:
+            records.append(record.ended(now, model))
+        return self._run.hold(outputs, self.scheduler, now) if self._run.active else outputs
 
     def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool) -> list[RequestOutput]:
         now = self.clock.now()  # one reading for every token of the step: they land together

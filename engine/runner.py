@@ -3,6 +3,7 @@ into a flat token batch, runs one forward pass, and samples the sequences that r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,6 +42,7 @@ class LaunchedStep:
     # Pipelined: the rows to sample, whose logits the last stage sends back (None: it sends every
     # token's residual stream, for a step whose prompt logprobs need them).
     logit_rows: list[int] | None = None
+    began: float = 0.0  # perf_counter when its forward started (the model's part of the step begins)
 
 
 class ModelRunner:
@@ -74,6 +76,7 @@ class ModelRunner:
         self.last_logits: tuple[list[str], torch.Tensor] | None = None
         # Fits the CPU threads to the cores others leave (engine/threads.py); None: fixed.
         self.governor: ThreadGovernor | None = None
+        self.last_model_s = 0.0  # the latest collected step's forward + sampling (engine/executor.py Runner)
 
     def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
         """echo: the logprob of each prompt token given the ones before it, from this chunk's
@@ -112,14 +115,23 @@ class ModelRunner:
             self.governor.before_step()
         if self.on_step is not None:
             self.on_step(input_ids, positions, attn, logit_rows)
+        began = time.perf_counter()  # the inputs are built and sent to the other ranks: the host's part ends
         hidden = self.model(input_ids, positions, attn, self.kv_caches)
         if self.stages is None:
-            return LaunchedStep(order, hidden)
+            return LaunchedStep(order, hidden, began=began)
         self.stages.pass_on(hidden)
-        return LaunchedStep(order, None, len(input_ids), logit_rows)
+        return LaunchedStep(order, None, len(input_ids), logit_rows, began)
+
+    def collect(self, step: LaunchedStep) -> dict[str, int]:
+        """The step's new tokens; last_model_s from its forward's start to its tokens, as rank 0
+        sees it: its forward waits on the other TP ranks in the all-reduces and on the later
+        pipeline stages for the logits (overlapped, the engine's work meanwhile hides behind them)."""
+        tokens = self._sample(step)
+        self.last_model_s = time.perf_counter() - step.began
+        return tokens
 
     @torch.inference_mode()
-    def collect(self, step: LaunchedStep) -> dict[str, int]:
+    def _sample(self, step: LaunchedStep) -> dict[str, int]:
         """The step's new tokens, from the last layer's output, or pipelined from the last stage's
         logits of the rows to sample (its residual stream where prompt logprobs need every row)."""
         hidden = step.hidden
@@ -134,6 +146,8 @@ class ModelRunner:
                 offset += n
         to_sample, rows = _sample_rows(step.order)
         if not to_sample:
+            if hidden is not None and hidden.is_cuda:  # nothing copied back: wait, so last_model_s holds the GPU's work
+                torch.cuda.synchronize(hidden.device)
             return {}
         if hidden is not None:
             raw = self.model.raw_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()

@@ -1,7 +1,14 @@
-"""What one engine step ran: which requests, prefill or decode, how many tokens each, and whom
-it preempted. LLMEngine makes one at the end of every step (the live replica process and the
-simulated replica alike), keeps the latest in a bounded ring, and a replica ships them to the
-fleet with its StepMessage; the browser's "batch, step by step" chart draws them."""
+"""What one engine step ran: which requests, prefill or decode, how many tokens each, whom it
+preempted, and how much of its time was the model's. LLMEngine makes one at the end of every step
+(the live replica process and the simulated replica alike), keeps the latest in a bounded ring, and
+a replica ships them to the fleet with its StepMessage; the browser's "batch, step by step" chart
+draws them.
+
+A step's span runs from the start of its scheduling to the end of its output processing; model_s
+is the part the executor spent in the model (the forward and sampling, as the executor measured
+it), and the rest, end - start - model_s, is the host's: scheduling, building the inputs,
+processing the outputs and detokenising (issue 42: the time vLLM v1's and SGLang's overlap
+schedulers hide)."""
 
 from __future__ import annotations
 
@@ -28,25 +35,38 @@ class StepEntry(NamedTuple):  # immutable, and a third of a frozen dataclass's c
 @dataclass(frozen=True)
 class StepRecord:
     replica: int
-    start: float  # the engine's clock: when the step was scheduled
-    end: float  # when its tokens landed
+    start: float  # the engine's clock: when the step's scheduling began
+    end: float  # when its tokens landed and its outputs were processed
     max_batched_tokens: int  # the budget and the slots in force for this step
     max_num_seqs: int
     entries: tuple[StepEntry, ...]
     preempted: tuple[str, ...]  # request ids this step's scheduling preempted
     # Pipeline stages: each stage's (start, end) on this batch, first stage first; empty without.
     stages: tuple[tuple[float, float], ...] = ()
+    model_s: float = 0.0  # of end - start, the model's (forward + sampling); the rest is the host's
 
     @property
     def num_tokens(self) -> int:
         return sum(e.tokens for e in self.entries)
+
+    @property
+    def host_s(self) -> float:
+        return max(0.0, self.end - self.start - self.model_s)
+
+    def ended(self, end: float, model_s: float) -> StepRecord:
+        """Made before the step's outputs were processed (its entries read the batch as it ran),
+        closed once they were: the step's end and the model's part of it."""
+        return StepRecord(
+            self.replica, self.start, end, self.max_batched_tokens, self.max_num_seqs, self.entries, self.preempted,
+            self.stages, model_s,
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "replica": self.replica, "start": self.start, "end": self.end,
             "max_batched_tokens": self.max_batched_tokens, "max_num_seqs": self.max_num_seqs,
             "entries": [e._asdict() for e in self.entries], "preempted": list(self.preempted),
-            "stages": [list(span) for span in self.stages],
+            "stages": [list(span) for span in self.stages], "model_s": self.model_s,
         }  # fmt: skip
 
 

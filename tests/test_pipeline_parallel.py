@@ -45,6 +45,8 @@ def test_two_stages_match_the_hf_reference(hf_reference: dict[str, Any], overlap
     spans = [r.stages for r in records]
     assert spans and all(len(s) == 2 and s[0][0] <= s[0][1] <= s[1][0] + 1e-3 and s[1][0] <= s[1][1] for s in spans)
     assert all(a[k][1] <= b[k][0] + 1e-3 for a, b in itertools.pairwise(spans) for k in (0, 1))  # a stage, batch after batch
+    # The driver times its stage's forward to the logits coming back: inside each batch's span.
+    assert all(0 < r.model_s < r.end - r.start for r in records)
     assert stats["pipeline_parallel"] == 2 and stats["pp_stage_layers"] == [15, 15]
     assert stats["tensor_parallel"] == 1 and stats["allreduces_per_step"] == 0
     first, second = stats["pp_stage_weight_bytes"]

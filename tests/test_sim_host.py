@@ -8,6 +8,9 @@ import dataclasses
 
 import pytest
 
+from engine.clock import VirtualClock
+from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
 from engine.sim import constants as C
 from engine.sim.compare import command_for, parse_experiment, spec_from_command
 from engine.sim.cost_model import CostModel, StepShape
@@ -15,6 +18,9 @@ from engine.sim.deployment import Deployment, SimConfigError
 from engine.sim.devices import get_device
 from engine.sim.host_profiles import PROFILES, VIDUR_A100, HostMode
 from engine.sim.models import get_model
+from engine.sim.run import SimSpec
+from engine.sim.runner import sim_executor, step_shape
+from engine.step_record import StepRecord
 
 DECODE_32 = StepShape(32, 32, 32, 32 * 500, 0.0, 0, 32)
 DECODE_8 = StepShape(8, 8, 8, 8 * 500, 0.0, 0, 8)
@@ -76,7 +82,7 @@ def test_async_output_reaches_the_client_one_step_later() -> None:
     vLLM v1) delivers each token when that next step ends: a lone request's first token waits one
     decode step if it has more to generate, none if the prompt's step was its last (nothing follows
     to wait for). A serial engine delivers it at its own step's end either way."""
-    from engine.sim.run import SimSpec, simulate
+    from engine.sim.run import simulate
 
     def ttft(profile: str, output_tokens: int) -> float:
         spec = SimSpec("llama-3.1-8b", "h100", 1, input_tokens=1000, output_tokens=output_tokens, num_requests=1,
@@ -87,3 +93,50 @@ def test_async_output_reaches_the_client_one_step_later() -> None:
     one_step = ttft("overlapped", 5) - ttft("overlapped", 1)
     decode = cost("overlapped", StepShape(1, 1, 1, 1001, 0.0, 0, 1))
     assert one_step == pytest.approx(decode, rel=1e-6)
+
+
+def recorded_steps(profile: str, model: str) -> list[tuple[StepRecord, StepShape]]:
+    """Four requests through a simulated engine, stepped as SimReplica steps it (begin, price,
+    the clock on by the step's time, end): each step's record beside the shape it priced."""
+    spec = SimSpec(model, "h100", 1, host_profile=profile)
+    dep, config, clock = spec.deployment(), spec.engine_config(), VirtualClock()
+    engine = LLMEngine(config, clock, sim_executor(dep, config))
+    for i in range(4):
+        params = SamplingParams(max_tokens=6, ignore_eos=True)
+        engine.add_request(f"r{i}", None, params, prompt_token_ids=list(range(1, 300 + 40 * i)))
+    steps = []
+    while engine.has_work():
+        _, batch = engine.begin_step()
+        shape = step_shape(batch)[0]
+        tokens = engine.runner.execute(batch)
+        clock.advance(engine.runner.last_cost.total_s)
+        engine.end_step(batch, tokens)
+        assert engine.step_records is not None
+        steps += [(record, shape) for record in engine.step_records.take()]
+    return steps
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "smollm2-135m"])
+def test_a_step_record_splits_the_model_from_the_host_as_the_profile_pays_it(model: str) -> None:
+    """The model's part of a step is the same under every profile (the GPU's work); the host's is
+    the fixed overhead by default, every stage where serial, and only what outlasts the GPU's step
+    where overlapped: what the step's span holds, not what ran beside it."""
+    device = get_device("h100")
+    model_time = CostModel(Deployment(get_model(model), device, 1))  # the default profile, its overhead taken out
+    seen_excess = False
+    for profile in ("default", "python-2024", "overlapped"):
+        steps = recorded_steps(profile, model)
+        assert len(steps) >= 6
+        for record, shape in steps:
+            gpu = model_time.step(shape).total_s - device.step_overhead_s
+            host = PROFILES[profile].cost(shape.num_seqs, 1, True)
+            if profile == "default":
+                expected = device.step_overhead_s
+            elif profile == "python-2024":
+                expected = host.serial_s
+            else:  # overlapped: the host's stages ran beside the GPU; only their excess is in the span
+                expected = max(0.0, host.hidden_s - gpu)
+            assert record.model_s == pytest.approx(gpu, rel=1e-9)
+            assert record.end - record.start - record.model_s == pytest.approx(expected, rel=1e-6, abs=1e-12)
+            seen_excess |= profile == "overlapped" and expected > 0
+    assert seen_excess or model != "smollm2-135m", "a small model's GPU step should be shorter than the host's"

@@ -8,9 +8,13 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.model.partition import stage_layers
+from engine.sampling_params import SamplingParams
+from engine.serving.replicas.messages import AddRequest
+from engine.sim.assembly import sim_replica
 from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.deployment import Deployment, SimConfigError
 from engine.sim.devices import get_device
+from engine.sim.loop import EventLoop
 from engine.sim.models import get_model
 from engine.sim.run import simulate
 from engine.sim.spec import SimSpec
@@ -98,3 +102,22 @@ def test_the_cli_takes_pp_and_names_the_shape() -> None:
     assert main(argv) == 0
     argv[argv.index("--gpus") + 1] = "6"
     assert main(argv) == 2  # not a whole number of TP2 x PP2 replicas
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_pipelined_batch_record_holds_its_own_host_part(overlap: bool) -> None:
+    """Batches in flight together each keep their own split: the span less the model's part is the
+    first stage's host overhead (the default profile's), never another batch's."""
+    d, loop = dep("llama-3.1-70b", tp=4, pp=2), EventLoop()
+    config = SimSpec("llama-3.1-70b", "h100", 8, tp=4, pp=2).engine_config()
+    replica = sim_replica(0, config, d, loop, lambda seq: None, pp_overlap=overlap)
+    for i in range(6):
+        params = SamplingParams(max_tokens=8, ignore_eos=True)
+        replica.submit(AddRequest(f"r{i}", list(range(1, 200 + 30 * i)), params))
+    loop.run(until=10.0)
+    assert replica.engine.step_records is not None
+    records = replica.engine.step_records.take()
+    assert len(records) >= 8
+    for r in records:
+        assert r.model_s > 0
+        assert r.end - r.start - r.model_s == pytest.approx(d.device.step_overhead_s, rel=1e-6)

@@ -54,8 +54,11 @@ def test_two_ranks_match_the_hf_reference(hf_reference: dict[str, Any]) -> None:
     try:
         check(llm, refs, hf_reference["max_new_tokens"])
         stats = llm.engine.stats()
+        records = llm.engine.step_records.take()
     finally:
         llm.engine.close()
+    # Rank 0 times the forward with its all-reduces, so the other rank's work: inside each step.
+    assert records and all(0 < r.model_s < r.end - r.start for r in records)
     assert stats["tensor_parallel"] == 2 and stats["allreduces_per_step"] == 2 * llm.engine.model_cfg.num_layers
     assert stats["allreduce_ms_per_step"] > 0
     rank0, rank1 = stats["tp_rank_weight_bytes"]

@@ -97,6 +97,7 @@ def test_steps_carry_the_batch_under_its_budget() -> None:
         assert 0 < tokens <= step["max_batched_tokens"] == 64
         assert len(step["entries"]) <= step["max_num_seqs"] == 4
         assert step["start"] < step["end"]
+        assert 0 < step["model_s"] < step["end"] - step["start"]  # the default profile's fixed host overhead
         assert {e["phase"] for e in step["entries"]} <= {"prefill", "decode"}
     mixed = [s for s in steps if {e["phase"] for e in s["entries"]} == {"prefill", "decode"}]
     assert mixed, "continuous batching: some step should run a prefill chunk beside decodes"
@@ -197,6 +198,11 @@ def test_a_real_engine_step_makes_a_record(llm_fp32: Any) -> None:
     assert [(e.phase, e.tokens) for e in second.entries] == [("decode", 1), ("decode", 1)]
     assert first.start < first.end <= second.start < second.end
     assert first.max_batched_tokens == engine.config.max_batched_tokens and first.preempted == ()
+    # The executor timed the model inside the step: the rest (schedule, inputs, outputs) is the host's.
+    for record in records:
+        assert 0 < record.model_s < record.end - record.start
+        assert record.host_s == pytest.approx(record.end - record.start - record.model_s)
+        assert record.to_dict()["model_s"] == record.model_s
 
 
 def test_the_step_ring_keeps_only_the_newest() -> None:

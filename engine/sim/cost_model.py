@@ -50,6 +50,10 @@ class StepCost:
     overhead_s: float
     sample_s: float
     transfer_s: float = 0.0  # a pipeline stage's send of the activations to the next stage
+    # Of overhead_s, the host's part on the step's critical path: the fixed step overhead or a host
+    # profile's serial stages plus what of its hidden ones outlasts the GPU's step. Kernel launches
+    # and the per-row sampling cost count with the model (the live engine times sampling so too).
+    host_s: float = 0.0
 
     @property
     def compute_s(self) -> float:
@@ -159,11 +163,13 @@ class CostModel:
         sample = self.sample_overhead + sampled * row if sampled else 0.0
         elementwise = s.num_tokens * self.elementwise_s_per_token * share
         # The first stage schedules the step; every stage launches its layers' kernels.
-        fixed = (self.step_overhead_s if i == 0 else 0.0) + self.layers[i] * self.layer_overhead_s
+        host = self.step_overhead_s if i == 0 else 0.0
+        fixed = host + self.layers[i] * self.layer_overhead_s
         attention = (prefill + decode) * share
         if i == 0 and self.host.mode is not HostMode.DEFAULT:
-            host = self.host.cost(s.num_seqs, self.tp, s.scheduled)
+            profile = self.host.cost(s.num_seqs, self.tp, s.scheduled)
             busy = gemm + elementwise + attention + allreduce + sample + fixed
-            fixed += host.serial_s + max(0.0, host.hidden_s - busy)  # hidden work adds only its excess
+            visible = profile.serial_s + max(0.0, profile.hidden_s - busy)  # hidden work adds only its excess
+            host, fixed = host + visible, fixed + visible
         transfer = 0.0 if last else self.transfer_latency + s.num_tokens * self.transfer_s_per_token
-        return StepCost(gemm, elementwise, attention, allreduce, fixed, sample, transfer)
+        return StepCost(gemm, elementwise, attention, allreduce, fixed, sample, transfer, host)

@@ -65,9 +65,10 @@ class PipelinedSimReplica(SimReplica):
         for seq in batch.seqs:
             seq.in_flight = True
         tokens = self.runner.execute(batch)
-        spans = self._through_stages(now, self.runner.last_stages)
+        spans, host_s = self._through_stages(now, self.runner.last_stages), self.runner.last_cost.host_s
         self._in_flight += 1
-        self.loop.at(spans[-1][1] + self.runner.last_stages[-1].transfer_s, lambda: self._land(batch, tokens, now, spans))
+        landing = spans[-1][1] + self.runner.last_stages[-1].transfer_s
+        self.loop.at(landing, lambda: self._land(batch, tokens, now, spans, host_s))
         if self._in_flight < self.max_batches:
             self._begin_soon()
 
@@ -83,7 +84,12 @@ class PipelinedSimReplica(SimReplica):
         return tuple(spans)
 
     def _land(
-        self, batch: SchedulerOutput, tokens: dict[str, int], started: float, spans: tuple[tuple[float, float], ...]
+        self,
+        batch: SchedulerOutput,
+        tokens: dict[str, int],
+        started: float,
+        spans: tuple[tuple[float, float], ...],
+        host_s: float,
     ) -> None:
         self._in_flight -= 1
         for clock, (start, end) in zip(self.stage_clocks, spans):
@@ -101,7 +107,9 @@ class PipelinedSimReplica(SimReplica):
                     kept.add(seq, n)
         kv = self.engine.kv
         self.kv_usage_max = max(self.kv_usage_max, kv.num_used_blocks / kv.num_blocks)
-        self._report(self.engine.end_step(kept, tokens, stream=False, started=started, stages=spans))
+        # The batch's span is its own: the runner's last_model_s may be a later batch's by now.
+        model_s = self.loop.clock.now() - started - host_s
+        self._report(self.engine.end_step(kept, tokens, stream=False, started=started, stages=spans, model_s=model_s))
         self.stats = self._snapshot()
         self.tokens_out += sum(1 for seq in kept.seqs if seq.request_id in tokens)
         self._publish(len(kept.seqs))

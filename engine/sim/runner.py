@@ -1,6 +1,7 @@
 """The what-if runner: prices the scheduler's batch with the cost model instead of running a
 model. It returns a token for every sequence that samples, as ModelRunner does, and leaves the
-step's predicted time in `last_cost` for the replica to advance its virtual clock by."""
+step's predicted time in `last_cost` for the replica to advance its virtual clock by, and the
+model's part of it (all but the host's, StepCost.host_s) in `last_model_s` for the step record."""
 
 from __future__ import annotations
 
@@ -47,11 +48,13 @@ class CostModelRunner:
         self.cost = cost
         self.last_cost = ZERO_COST
         self.last_stages: list[StepCost] = [ZERO_COST]  # each pipeline stage's part of last_cost
+        self.last_model_s = 0.0
 
     def execute(self, batch: SchedulerOutput) -> dict[str, int]:
         shape, tokens = step_shape(batch)
         self.last_stages = self.cost.stages(shape)
-        self.last_cost = summed(self.last_stages)
+        cost = self.last_cost = summed(self.last_stages)
+        self.last_model_s = cost.total_s - cost.host_s  # a replica's step spans total_s
         return tokens
 
     def forget(self, request_id: str) -> None:
