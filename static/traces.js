@@ -1,6 +1,7 @@
 // Request traces in the browser: the `trace` event on /live (engine/serving/telemetry/traces.py) drawn as
 // swimlanes (one row per recent request, coloured by phase) and the batch step by step (each
-// engine step a stacked bar of the tokens it ran, against max_batched_tokens). SVG, redrawn at
+// engine step a stacked bar of the tokens it ran, against max_batched_tokens, and its time split
+// into the model's part and the host's, as the engine measured them). SVG, redrawn at
 // most once a frame; names and ids are set as text, never as HTML.
 // window.servelabTraces = { rows(), onUpdate(callback), highlightUser(userId) } is what other
 // pages (the classroom) read.
@@ -208,12 +209,15 @@
     for (let i = 0; i < id.length; i++) h = (h * 31 + id.charCodeAt(i)) % 360;
     return h;
   }
+  // A step's host time: what of its span the model did not take (the engine's own measurement).
+  const hostOf = (s) => (s.model_s === undefined ? 0 : Math.max(0, s.end - s.start - s.model_s));
   function drawBatch(container) {
     const left = 54, right = 8, top = 8, barsH = 150, gap = 8, seqH = 40, timeH = 30, bottom = 14;
     const height = top + barsH + gap + seqH + gap + timeH + bottom;
     const { svg, width, note } = frame(container, height, [
       ["prefill chunk (a colour per request)", "hsl(210,70%,45%)"], ["decode tokens (lighter)", "hsl(210,70%,80%)"],
-      ["max_batched_tokens", "#e03131"], ["sequences / max_num_seqs", "#7048e8"], ["step time", "#495057"],
+      ["max_batched_tokens", "#e03131"], ["sequences / max_num_seqs", "#7048e8"],
+      ["step time: model (forward + sampling)", "#adb5bd"], ["step time: host (schedule, inputs, outputs)", "#f59f00"],
     ]);
     const shown = steps.slice(-STEPS_SHOWN);
     const tall = Math.max(1, ...shown.map((s) => Math.max(s.max_batched_tokens, s.entries.reduce((a, e) => a + e.tokens, 0))));
@@ -247,18 +251,24 @@
       el("line", { class: "budget", x1: x0, x2: x0 + bw, y1: yTok(s.max_batched_tokens), y2: yTok(s.max_batched_tokens) }, g);
       el("rect", { class: "seq-count", x: x0 + 1, y: ySeq(s.entries.length), width: Math.max(1, bw - 2), height: seqTop + seqH - ySeq(s.entries.length) }, g);
       el("line", { class: "slots", x1: x0, x2: x0 + bw, y1: ySeq(s.max_num_seqs), y2: ySeq(s.max_num_seqs) }, g);
-      const th = ((s.end - s.start) / slowest) * timeH;
-      el("rect", { class: "step-time", x: x0 + 1, y: timeTop + timeH - th, width: Math.max(1, bw - 2), height: th }, g);
+      // The step's time as a column: the model's part below, the host's on top of it.
+      const th = ((s.end - s.start) / slowest) * timeH, hh = (hostOf(s) / slowest) * timeH;
+      el("rect", { class: "step-time", x: x0 + 1, y: timeTop + timeH - th + hh, width: Math.max(1, bw - 2), height: th - hh }, g);
+      el("rect", { class: "step-host", x: x0 + 1, y: timeTop + timeH - th, width: Math.max(1, bw - 2), height: hh }, g);
       const prefill = s.entries.filter((e) => e.phase === "prefill").map((e) => e.request_id + " " + e.tokens).join(", ");
-      title(g, "replica " + s.replica + " · step " + ms(s.end - s.start) + "\n" + total + " of " + s.max_batched_tokens +
+      title(g, "replica " + s.replica + " · step " + ms(s.end - s.start) + " (model " + ms(s.end - s.start - hostOf(s)) +
+        ", host " + ms(hostOf(s)) + ")\n" + total + " of " + s.max_batched_tokens +
         " tokens, " + s.entries.length + " of " + s.max_num_seqs + " sequences\nprefill: " + (prefill || "none") +
         "\ndecode: " + decodes.length + " token(s)" + (s.preempted.length ? "\npreempted: " + s.preempted.join(", ") : ""));
     });
     if (shown.length) {
       const last = shown[shown.length - 1];
       const times = shown.map((s) => s.end - s.start).sort((a, b) => a - b);
+      const spent = shown.reduce((a, s) => a + (s.end - s.start), 0), host = shown.reduce((a, s) => a + hostOf(s), 0);
       note.textContent = "latest step: " + last.entries.reduce((a, e) => a + e.tokens, 0) + " of " + last.max_batched_tokens +
-        " tokens, " + last.entries.length + " of " + last.max_num_seqs + " sequences; median step " + ms(times[times.length >> 1]) + ".";
+        " tokens, " + last.entries.length + " of " + last.max_num_seqs + " sequences; median step " + ms(times[times.length >> 1]) +
+        ".\nhost " + (spent > 0 ? Math.round((100 * host) / spent) : 0) + "% of step time over the last " + shown.length +
+        " steps: scheduling, building inputs and processing outputs, while the model waits.";
     } else {
       note.textContent = "No engine steps yet: start traffic or send a prompt.";
     }
@@ -316,7 +326,7 @@
     ".trace-svg .axis { stroke: #dee2e6; } .trace-svg .axis-label { font-size: 10px; fill: #868e96; }",
     ".trace-svg .budget { stroke: #e03131; stroke-width: 1.5; stroke-dasharray: 4 2; }",
     ".trace-svg .slots { stroke: #7048e8; stroke-dasharray: 3 2; } .trace-svg .seq-count { fill: #b197fc; }",
-    ".trace-svg .step-time { fill: #adb5bd; }",
+    ".trace-svg .step-time { fill: #adb5bd; } .trace-svg .step-host { fill: #f59f00; }",
     ".trace-svg .stage-idle { fill: #ffe3e3; } .chart-card:has(#chart-stage_steps) { grid-column: 1 / -1; }",
     ".trace-legend { display: flex; flex-wrap: wrap; gap: 4px 12px; font-size: 10px; color: #495057; margin: 4px 0; }",
     ".trace-legend i { display: inline-block; width: 10px; height: 10px; margin-right: 4px; border-radius: 2px; vertical-align: -1px; }",

@@ -8,6 +8,7 @@ within its deadline. The preemptions come from a burst the test sends and waits 
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,15 +98,29 @@ def test_the_batch_chart_bars_never_exceed_the_budget_line(page: Page) -> None:
              tokens: Number(g.dataset.tokens), budget: Number(g.dataset.budget), seqs: Number(g.dataset.seqs),
              top: Math.min(...Array.from(g.querySelectorAll('rect.bar-seg')).map(r => Number(r.getAttribute('y')))),
              line: Number(g.querySelector('line.budget').getAttribute('y1')),
+             model: ['y', 'height'].map(k => Number(g.querySelector('rect.step-time').getAttribute(k))),
+             host: ['y', 'height'].map(k => Number(g.querySelector('rect.step-host').getAttribute(k))),
            }))"""
     )
     assert len(bars) >= 30
     for bar in bars:
         assert bar["budget"] == BUDGET and 0 < bar["tokens"] <= bar["budget"] and 1 <= bar["seqs"] <= 8
         assert bar["top"] >= bar["line"] - 1e-6, bar  # SVG y grows downward: the stack stays below the line
+        # Each step's time: the model's part, the host's stacked on it (the engine measured both).
+        (model_y, model_h), (host_y, host_h) = bar["model"], bar["host"]
+        assert model_h > 0 and host_h > 0 and host_y + host_h == pytest.approx(model_y, abs=1e-6), bar
+    assert_host_share(page)
     page.locator("#chart-batch_steps").screenshot(path=str(ARTIFACTS / "traces-batch-steps.png"))
     flood(page, "stop")
     wait_idle(page)
+
+
+def assert_host_share(page: Page) -> None:
+    """The caption under the batch chart gives the host's share of the shown steps' time."""
+    note = page.locator("#chart-batch_steps .trace-note").text_content() or ""
+    share = re.search(r"host (\d+)% of step time over the last (\d+) steps", note)
+    assert share, note
+    assert 0 <= int(share[1]) <= 100 and int(share[2]) >= 1
 
 
 def test_a_long_prompt_shows_its_chunks(server: ServerProcess, page: Page) -> None:
@@ -174,6 +189,7 @@ def test_the_swimlanes_follow_the_simulated_fleet(page: Page) -> None:
         # Every row is the simulated fleet's (its requests are numbered; the API's are cmpl-...).
         rows = page.evaluate("window.servelabTraces.rows()")
         assert rows and all(r["id"].isdigit() for r in rows), [r["id"] for r in rows][:5]
+        assert_host_share(page)  # the simulated steps carry the cost model's split
     finally:
         page.evaluate("new Promise(r => window.servelab.socket.emit('flood', {action: 'stop'}, r))")
         page.evaluate("new Promise(r => window.servelab.socket.emit('set_levers', {executor: 'live'}, r))")

@@ -20,7 +20,7 @@ CHARTS = {  # the live charts a lesson may name, with the title a page gives eac
     "scaling": "Autoscaler: scale changes, replicas ordered, streams cut (totals)",
     # Drawn by static/traces.js from the `trace` event, not from the metrics snapshot.
     "swimlanes": "Requests, one row each: queued, waiting, prefill chunks, decode, preempted, end",
-    "batch_steps": "The batch, step by step: tokens per engine step against the budget",
+    "batch_steps": "The batch, step by step: each engine step's tokens against the budget, and its time (model + host)",
     "stage_steps": "Pipeline stages, batch by batch: where each stage worked, and where it idled (the bubble)",
 }
 TRACE_CHARTS = frozenset({"swimlanes", "batch_steps", "stage_steps"})  # the charts above that are not Plotly series
