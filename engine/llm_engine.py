@@ -301,10 +301,12 @@ class LLMEngine:
                 held += [(seq, steady.token, FinishReason.LENGTH) for seq in ending]
                 held.sort(key=lambda emit: self.scheduler.running.index(emit[0]))
         outputs = [out for seq, token, reason in held if (out := self._emit(seq, token, reason, now, stream)) is not None]
+        if not self.scheduler.steady_ok():
+            return outputs  # the next step visits every sequence: nobody joins to be let go
         running = SequenceStatus.RUNNING
         for seq in batch.seqs:
             if seq.status is running and steady.can_join(seq):
-                steady.join(seq)
+                self.scheduler.join_steady(seq)
         return outputs
 
     def _emit(self, seq: Sequence, token: int, reason: FinishReason | None, now: float, stream: bool) -> RequestOutput | None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from engine.block_manager import BlockManager, blocks_for
 from engine.clock import Clock
 from engine.config import EngineConfig
@@ -72,8 +70,24 @@ class Scheduler:
         self.run_steps_left = 0
         self.runs_started = 0
         self.in_run = False  # the batch scheduled last is a step of a run
-        # A what-if replica's steady decodes (engine/steady_decodes.py); None: every step visits all.
+        # A what-if replica's steady decodes (engine/steady_decodes.py), and the running sequences
+        # that are not among them, in running order; None: every step visits all (use_steady).
         self.steady: SteadyDecodes | None = None
+        self.others: list[Sequence] = []
+
+    def use_steady(self, steady: SteadyDecodes) -> None:
+        self.steady, self.others = steady, list(self.running)
+
+    def join_steady(self, seq: Sequence) -> None:
+        """seq, running, decodes alike from now on (SteadyDecodes.can_join): counted, not visited."""
+        assert self.steady is not None
+        self.steady.join(seq)
+        self.others.remove(seq)
+
+    def _release_steady(self) -> None:
+        assert self.steady is not None
+        self.steady.release()
+        self.others = list(self.running)
 
     def add(self, seq: Sequence) -> None:
         seq.times.queued = self.clock.now()
@@ -81,8 +95,7 @@ class Scheduler:
 
     def remove(self, seq: Sequence) -> None:
         """Drop a finished or aborted sequence and free its blocks."""
-        if self.steady is not None and seq in self.steady:
-            self.steady.leave(seq)
+        self._forget_steady(seq)
         try:
             self.running.remove(seq)  # one scan of the batch, not two
         except ValueError:
@@ -95,8 +108,8 @@ class Scheduler:
         replica splits them over its batches in flight, as vLLM v0's virtual engines did)."""
         config = self.config
         steady = self.steady
-        if steady is not None and steady.members and not self._steady_ok(max_continuing):
-            steady.release()
+        if steady is not None and steady.members and not self.steady_ok(max_continuing):
+            self._release_steady()
         if config.prefill_first or config.scheduler_steps > 1:
             return self._schedule_policy(max_continuing)
         out, budget = self._continue_running(max_continuing)
@@ -104,7 +117,7 @@ class Scheduler:
             self._admit(out, budget)
         return out
 
-    def _steady_ok(self, max_continuing: int | None) -> bool:
+    def steady_ok(self, max_continuing: int | None = None) -> bool:
         """Whether this step may run the steady decodes as counts: every running sequence goes on
         (no pipeline share), prompts are chunked, and no block is published to the prefix cache."""
         config = self.config
@@ -120,11 +133,11 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_batched_tokens
         steady = self.steady
-        if steady is not None and self._steady_ok(max_continuing):
+        if steady is not None and self.steady_ok(max_continuing):
             left = self._continue_steady(out, budget)
             if left is not None:
                 return out, left
-            steady.release()  # a step that may not run them all: sequence by sequence, as below
+            self._release_steady()  # a step that may not run them all: sequence by sequence, as below
         chunked = self.config.chunked_prefill
         seqs, counts, running, bs = out.seqs, out.num_new_tokens, SequenceStatus.RUNNING, self.kv.block_size
         add_seq, add_count = seqs.append, counts.append  # bound once: this loop runs for every sequence
@@ -170,14 +183,11 @@ class Scheduler:
         steady, running, kv = self.steady, self.running, self.kv
         assert steady is not None
         members, bs = steady.members, kv.block_size
-        if members:  # the others' places in the running order
-            where = np.flatnonzero(~np.fromiter(map(members.__contains__, running), bool, len(running))).tolist()
-        else:
-            where = range(len(running))
         plan: list[tuple[Sequence, int]] = []
         passed = blocks = 0  # members passed so far; blocks the others need
-        for j, i in enumerate(where):
-            seq = running[i]
+        i = -1
+        for j, seq in enumerate(self.others):
+            i = running.index(seq, i + 1)  # its place in the running order (others keep that order)
             if seq.in_flight:
                 return None
             budget -= i - j - passed  # the members between the last one and this one
@@ -201,8 +211,9 @@ class Scheduler:
         for seq, n in plan:
             assert kv.allocate(seq, n)
             out.add(seq, n)
-        for seq in growing:
-            kv.add_block(seq)
+        if growing:
+            kv.add_blocks(growing)
+        steady.grew()
         out.steady, out.steady_context = len(members), steady.context
         return budget
 
@@ -326,6 +337,8 @@ class Scheduler:
                 owed += self._owed(seq)
             self.waiting.remove(seq)
             self.running.append(seq)
+            if self.steady is not None:
+                self.others.append(seq)
             seq.status = SequenceStatus.RUNNING
             if seq.times.scheduled is None:
                 seq.times.scheduled = now
@@ -371,10 +384,18 @@ class Scheduler:
     def _owed_prompt_blocks(self) -> int:
         return sum(map(self._owed, self.running))
 
+    def _forget_steady(self, seq: Sequence) -> None:
+        """seq leaves the running sequences: out of the steady decodes or the others."""
+        if self.steady is None:
+            return
+        if seq in self.steady:
+            self.steady.leave(seq)
+        elif seq in self.others:  # not a member that ended this step (SteadyDecodes.land)
+            self.others.remove(seq)
+
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Recompute-style preemption: drop the KV, requeue at the front, keep the tokens."""
-        if self.steady is not None and seq in self.steady:
-            self.steady.leave(seq)
+        self._forget_steady(seq)
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0

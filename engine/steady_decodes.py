@@ -8,8 +8,8 @@ every step: one more computed token, one more output token, one more token time.
 here: its fields stay as they were when it joined (its `mark`), the step count moves on, and its
 fields are written out (the missing tokens, and their times from this log of step ends) when it
 leaves: it finishes (its step is known when it joins: max_output), is preempted, aborted, or
-read (sync). Its next KV block comes from a bucket by its phase in the block, so a step touches
-only the sixteenth of members whose block fills. The step's shape needs only their count and
+read (sync). Its next KV block comes from a bucket by step, so a step touches only the
+sixteenth of members whose block fills. The step's shape needs only their count and
 their context, kept as a sum. The scheduler falls back to visiting every sequence, members
 released, whenever a step might not run them all (budget, blocks): the batches are the same as
 without (tests/test_steady_decodes.py runs whole simulations both ways and compares every figure).
@@ -27,7 +27,7 @@ from engine.sequence import Sequence
 class Member:
     mark: int  # the step its fields were last written at: they hold what it had before that step
     finish: int  # the step whose token is its last (max_output)
-    phase: int  # its block bucket: it may need a block at the steps congruent to this
+    need: int  # the step whose token needs its next KV block
 
 
 class SteadyDecodes:
@@ -37,7 +37,7 @@ class SteadyDecodes:
         self.step = 0  # steps the members have taken since this began
         self.ends: list[float] = []  # each step's end: the members' token times
         self.members: dict[Sequence, Member] = {}
-        self.phases: list[dict[Sequence, None]] = [{} for _ in range(block_size)]
+        self.needs: dict[int, list[Sequence]] = {}  # by step: the members whose last block is full
         self.finishing: dict[int, list[Sequence]] = {}
         self.context_offset = 0  # sum of (computed - mark): the members' context is this + count * step
         self.joins = self.releases = 0  # how often a decode joined, and the members were all let go
@@ -68,9 +68,10 @@ class SteadyDecodes:
     def join(self, seq: Sequence) -> None:
         step, computed = self.step, seq.num_computed_tokens
         self.joins += 1
-        member = Member(step, step + seq.max_output - len(seq.output_token_ids) - 1, (step - computed) % self.block_size)
+        finish = step + seq.max_output - len(seq.output_token_ids) - 1
+        member = Member(step, finish, step + len(seq.block_table) * self.block_size - computed)
         self.members[seq] = member
-        self.phases[member.phase][seq] = None
+        self.needs.setdefault(member.need, []).append(seq)
         self.finishing.setdefault(member.finish, []).append(seq)
         self.context_offset += computed - step
 
@@ -86,12 +87,8 @@ class SteadyDecodes:
     def leave(self, seq: Sequence) -> None:
         member = self.members.pop(seq)
         self.write(seq, member)
-        del self.phases[member.phase][seq]
-        if member.finish >= self.step:  # a member that finishes leaves after its bucket is taken
-            ending = self.finishing[member.finish]
-            ending.remove(seq)
-            if not ending:
-                del self.finishing[member.finish]
+        _unlist(self.needs, member.need, seq)
+        _unlist(self.finishing, member.finish, seq)
         self.context_offset -= seq.num_computed_tokens - self.step
 
     def release(self) -> None:
@@ -106,13 +103,17 @@ class SteadyDecodes:
             self.write(seq, member)
 
     def growing(self) -> list[Sequence]:
-        """The members whose next token needs a new block this step (the bucket of this phase)."""
-        bs, step, members = self.block_size, self.step, self.members
-        bucket = self.phases[step % bs]
-        return [
-            seq for seq in bucket
-            if seq.num_computed_tokens + step - members[seq].mark + 1 > len(seq.block_table) * bs
-        ]  # fmt: skip
+        """The members whose token this step needs a new block (grew() once it is theirs)."""
+        return self.needs.get(self.step, [])
+
+    def grew(self) -> None:
+        """This step's growing members have their block: the next is needed a block's tokens on."""
+        grown = self.needs.pop(self.step, [])
+        later = self.step + self.block_size
+        for seq in grown:
+            self.members[seq].need = later
+        if grown:
+            self.needs.setdefault(later, []).extend(grown)
 
     def land(self, now: float) -> list[Sequence]:
         """The members' tokens of this step landed at now; those whose last it was, written out
@@ -123,6 +124,13 @@ class SteadyDecodes:
         for seq in ending:
             member = self.members.pop(seq)
             self.write(seq, member)
-            del self.phases[member.phase][seq]
+            _unlist(self.needs, member.need, seq)
             self.context_offset -= seq.num_computed_tokens - self.step
         return ending
+
+
+def _unlist(buckets: dict[int, list[Sequence]], key: int, seq: Sequence) -> None:
+    bucket = buckets[key]
+    bucket.remove(seq)
+    if not bucket:
+        del buckets[key]

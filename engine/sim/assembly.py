@@ -53,7 +53,7 @@ def sim_replica(
         replica.defer_outputs = PROFILES[dep.host].defers_outputs
         if STEADY_DECODES and not record_steps and not replica.defer_outputs and config.paged:
             # Nobody draws its steps and its tokens land as they are made: its decodes run as counts.
-            engine.scheduler.steady = SteadyDecodes(SIM_TOKEN, config.block_size)
+            engine.scheduler.use_steady(SteadyDecodes(SIM_TOKEN, config.block_size))
         return replica
     return PipelinedSimReplica(
         replica_id, engine, loop, on_finished, kv_transfer_s, load_s, on_message, record_steps,

@@ -18,9 +18,10 @@ import math
 import os
 import queue
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from engine.block_manager import blocks_for
 from engine.clock import WALL_CLOCK, Clock
@@ -287,7 +288,8 @@ class Router:
         # lands on every replica in turn; prefix-aware, ties go to the first, as they always have.
         start = 0 if prefix_aware else self._turn
         # Room first: a full fleet (every poll of an over-capacity queue) answers before any hashing.
-        roomy = [r for r in (replicas[(start + i) % n] for i in range(n)) if self._has_room(r, request)]
+        need = blocks_for(len(request.prompt_token_ids) + 1, self.config.block_size)  # _has_room's, once a pick
+        roomy = [r for r in (replicas[(start + i) % n] for i in range(n)) if self._has_room(r, need)]
         if not roomy:
             return None
         hashes = self._block_hashes(request) if prefix_aware else []
@@ -313,13 +315,15 @@ class Router:
                      if r.state == ReplicaState.READY and r.stats and r.stats.kv_total_blocks > 0]  # fmt: skip
         return max(sizes) if sizes else None
 
-    def _has_room(self, replica: Replica, request: QueuedRequest) -> bool:
+    def _has_room(self, replica: Replica, blocks: int) -> bool:
+        """Whether replica can take a request now: ready, a slot free, nobody waiting there, and
+        the blocks of its prompt and first token free."""
         stats = replica.stats
         if replica.state != ReplicaState.READY or stats is None:
             return False
         if replica.num_in_flight >= stats.max_num_seqs or stats.waiting > 0:
             return False
-        return blocks_for(len(request.prompt_token_ids) + 1, self.config.block_size) <= stats.free_blocks
+        return blocks <= stats.free_blocks
 
     def _block_hashes(self, request: QueuedRequest) -> list[int]:
         """Hashed once per request: the head of the queue is looked at on every dispatch poll."""
@@ -331,11 +335,12 @@ class Router:
         """The prompt's blocks become this replica's most recently sent, the oldest forgotten."""
         known = self._prefixes.setdefault(replica.replica_id, OrderedDict())
         hashes = self._block_hashes(request)
-        for h in hashes:  # a shared head leaves its old place...
-            known.pop(h, None)
+        if not known.keys().isdisjoint(hashes):  # a shared head leaves its old place...
+            for h in hashes:
+                known.pop(h, None)
         known.update(dict.fromkeys(hashes))  # ...and every block joins the recent end, in prompt order
-        for _ in range(len(known) - PREFIX_MEMORY):
-            known.popitem(last=False)
+        if (excess := len(known) - PREFIX_MEMORY) > 0:  # the oldest forgotten, in one C-level pass
+            deque(map(known.popitem, repeat(False, excess)), 0)
 
     def _refuse(self, status: int, reason: str, message: str, **kwargs: object) -> AdmissionError:
         self._count(reason)
@@ -350,9 +355,11 @@ def prefix_keys(token_ids: list[int], block_size: int) -> list[int]:
     """One key per full block of the prompt that stands for it and every token before it: Python's
     own tuple hash, chained. The router only guesses which replica caches a prefix, so a 64-bit
     hash is enough here (5x cheaper than the block manager's blake2b, which must never collide)."""
-    ids = tuple(token_ids)  # sliced into tuples, each hashed whole (a simulated prompt is a range)
     parent, keys = 0, []
-    for block in [ids[i : i + block_size] for i in range(0, len(ids) - block_size + 1, block_size)]:
+    append = keys.append
+    # Full blocks as tuples straight from one iterator (a simulated prompt is a range): no list of
+    # the prompt's ids, no slicing; a trailing partial block is left out, as zip leaves it.
+    for block in zip(*[iter(token_ids)] * block_size):
         parent = hash((parent, block))
-        keys.append(parent)
+        append(parent)
     return keys
