@@ -19,11 +19,11 @@ from engine.steady_decodes import SteadyDecodes
 
 SPECS = {
     "over": SimSpec("llama-3.1-70b", "h100", gpus=16, tp=8, dtype="fp8", kv_dtype="fp8", input_tokens=1000,
-                    output_tokens=250, num_requests=1500, rate=300.0),
+                    output_tokens=250, num_requests=1200, rate=280.0, seed=6),
     "preempt": SimSpec("llama-3.1-8b", "l4", gpus=2, tp=1, input_tokens=800, output_tokens=400,
-                       input_range_ratio=0.5, num_requests=300, rate=50.0, seed=3),
+                       input_range_ratio=0.5, num_requests=250, rate=45.0, seed=8),
     "reserve": SimSpec("llama-3.1-8b", "l4", gpus=1, tp=1, input_tokens=600, output_tokens=300,
-                       num_requests=200, rate=20.0, admission="reserve", max_num_seqs=64),
+                       num_requests=180, rate=18.0, admission="reserve", max_num_seqs=64, seed=9),
     "watermark": SimSpec("llama-3.1-8b", "l4", gpus=1, tp=1, input_tokens=3000, output_tokens=300,
                          input_range_ratio=0.5, num_requests=120, kv_watermark=0.01, seed=2),
     "deadline": SimSpec("llama-3.1-8b", "l4", gpus=1, tp=1, input_tokens=500, output_tokens=200,
@@ -31,7 +31,7 @@ SPECS = {
     "closed": SimSpec("llama-3.1-8b", "h100", gpus=2, tp=1, dtype="fp8", input_tokens=300, output_tokens=500,
                       input_range_ratio=0.9, num_requests=400, concurrency=96, seed=5),
     "disagg": SimSpec("llama-3.1-8b", "h100", gpus=4, tp=1, dtype="fp8", input_tokens=500,
-                      output_tokens=100, num_requests=300, rate=100.0, prefill_gpus=1, decode_gpus=3),
+                      output_tokens=100, num_requests=250, rate=90.0, prefill_gpus=1, decode_gpus=3, seed=10),
     "autoscale": SimSpec("llama-3.1-8b", "h100", gpus=4, tp=1, dtype="fp8", input_tokens=400, output_tokens=300,
                          num_requests=600, rate=60.0, autoscale=True, max_replicas=4, burst_factor=3.0,
                          burst_at_s=2.0, burst_s=3.0),
