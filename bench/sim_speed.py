@@ -1,7 +1,7 @@
 """`python -m bench.sim_speed`: how fast the what-if executor runs a big fleet on this machine.
 
 8 replicas x TP8 of Llama-3.1-70B on 64 H100s at 300 req/s (1000 in / 250 out) for 10 simulated
-minutes of arrivals (180,000 requests): the issue's goal is <= 120 s of wall time. FP8 weights
+minutes of arrivals (180,000 requests): issue 42's goal is <= 60 s of wall time. FP8 weights
 and KV: in bf16 the prefills alone (37.5 req/s x 1000 tokens a replica) need more than the
 GPUs' achieved bf16 FLOP/s, and the fleet would only queue. Prints
 simulated seconds per wall second; --profile prints where the wall time went (cProfile).

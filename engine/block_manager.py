@@ -65,7 +65,7 @@ class BlockManager:
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
-        self.ref_counts = [0] * num_blocks  # sequences holding each block
+        self._refs = [0] * num_blocks  # sequences holding each block, once not plain (ref_counts)
         self.hashes: list[bytes | None] = [None] * num_blocks  # the prefix a block caches, if any
         self.tokens: list[tuple[int, ...]] = [()] * num_blocks  # its tokens, to rule out collisions
         self.empty = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 is handed out first
@@ -73,6 +73,28 @@ class BlockManager:
         self.cached: dict[bytes, int] = {}
         self.prefix_queries = 0  # tokens looked up at admission
         self.prefix_hits = 0  # tokens found in the cache
+        # No block was ever published, imported or shared: each held block has one holder and no
+        # hash, so the holders need no count (a block is held exactly when it is not free) and
+        # blocks come and go as slices of the empty stack. A what-if replica without prefix
+        # caching stays plain; its ref counts, a random write a block into 195,000, were a tenth
+        # of a big run. Prefix caching is a live lever, so this is what happened, not the setting.
+        self.plain = True
+
+    @property
+    def ref_counts(self) -> list[int]:
+        """How many sequences hold each block (plain: 1 for every block not free, derived)."""
+        return self._derived_refs() if self.plain else self._refs
+
+    def _derived_refs(self) -> list[int]:
+        refs = [1] * self.num_blocks
+        for block_id in (*self.empty, *self.free_cached):
+            refs[block_id] = 0
+        return refs
+
+    def _leave_plain(self) -> None:
+        """A block is about to be published, imported or shared: from now on holders are counted."""
+        if self.plain:
+            self._refs, self.plain = self._derived_refs(), False
 
     @property
     def num_free_blocks(self) -> int:
@@ -115,15 +137,20 @@ class BlockManager:
 
     def num_revived(self, prefix: list[int]) -> int:
         """Blocks of a cached prefix that sit in the free queue: attaching them takes free blocks."""
-        return sum(1 for b in prefix if self.ref_counts[b] == 0)
+        if not prefix:
+            return 0
+        self._leave_plain()
+        return sum(1 for b in prefix if self._refs[b] == 0)
 
     def admit(self, seq: Sequence, prefix: list[int]) -> None:
         """Attach the cached prefix to a sequence that holds no blocks yet."""
         assert not seq.block_table
+        if prefix:
+            self._leave_plain()
         for block_id in prefix:
-            if self.ref_counts[block_id] == 0:
+            if self._refs[block_id] == 0:
                 del self.free_cached[block_id]
-            self.ref_counts[block_id] += 1
+            self._refs[block_id] += 1
         seq.block_table = list(prefix)
         seq.num_computed_tokens = len(prefix) * self.block_size
         if seq.num_cached_tokens == 0:
@@ -154,7 +181,8 @@ class BlockManager:
         taken = empty[len(empty) - k :]
         del empty[len(empty) - k :]
         taken.reverse()
-        deque(map(self.ref_counts.__setitem__, taken, repeat(1)), 0)
+        if not self.plain:
+            deque(map(self._refs.__setitem__, taken, repeat(1)), 0)
         deque(map(list.append, map(_table_of, seqs), taken), 0)
 
     def cache_full_blocks(self, seq: Sequence) -> None:
@@ -169,6 +197,7 @@ class BlockManager:
         for i in range(seq.num_published_blocks, num_full):
             block_id, block_hash = seq.block_table[i], seq.block_hashes[i]
             if self.hashes[block_id] is None and block_hash not in self.cached:
+                self._leave_plain()
                 self.hashes[block_id] = block_hash
                 self.tokens[block_id] = block(i)
                 self.cached[block_hash] = block_id
@@ -184,8 +213,9 @@ class BlockManager:
             parent = chain_hash(parent, chunk)
             if parent in self.cached or not self.num_free_blocks:
                 continue
+            self._leave_plain()
             block_id = self._take_free_block()
-            self.ref_counts[block_id], self.hashes[block_id], self.tokens[block_id] = 0, parent, chunk
+            self._refs[block_id], self.hashes[block_id], self.tokens[block_id] = 0, parent, chunk
             self.cached[parent] = block_id
             self.free_cached[block_id] = None
             written += 1
@@ -193,15 +223,18 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         # Tail blocks are released first so they are evicted before the shared head.
-        refs, hashes, empty = self.ref_counts, self.hashes, self.empty
-        table = seq.block_table
-        # Blocks held by seq alone and holding no cached prefix (no prefix caching): all go to the
-        # empty stack, tail first, in C-level passes (a what-if run frees a thousand a step).
+        table, empty = seq.block_table, self.empty
+        seq.block_table = []
+        seq.num_published_blocks = 0
+        if self.plain:  # every block held by seq alone, none cached: the empty stack takes them
+            empty.extend(reversed(table))
+            return
+        refs, hashes = self._refs, self.hashes
+        # Blocks held by seq alone and holding no cached prefix: all go to the empty stack, tail
+        # first, in C-level passes (a what-if run frees a thousand a step).
         if table and not any(map(hashes.__getitem__, table)) and set(map(refs.__getitem__, table)) == {1}:
             deque(map(refs.__setitem__, table, repeat(0)), 0)
             empty.extend(reversed(table))
-            seq.block_table = []
-            seq.num_published_blocks = 0
             return
         for block_id in reversed(table):
             refs[block_id] -= 1
@@ -211,8 +244,6 @@ class BlockManager:
                     empty.append(block_id)  # holds nothing reusable: handed out next
                 else:
                     self.free_cached[block_id] = None
-        seq.block_table = []
-        seq.num_published_blocks = 0
 
     def _take_free_blocks(self, n: int) -> list[int]:
         """n free blocks, in the order n calls of _take_free_block would give them: the empty
@@ -222,25 +253,26 @@ class BlockManager:
         taken = empty[len(empty) - k :]
         del empty[len(empty) - k :]
         taken.reverse()
-        refs = self.ref_counts
-        for block_id in taken:
-            refs[block_id] = 1
+        if not self.plain:
+            deque(map(self._refs.__setitem__, taken, repeat(1)), 0)
         for _ in range(n - k):
             taken.append(self._take_free_block())
         return taken
 
     def _take_free_block(self) -> int:
         if self.empty:
-            self.ref_counts[block_id := self.empty.pop()] = 1
+            block_id = self.empty.pop()
+            if not self.plain:
+                self._refs[block_id] = 1
             return block_id
-        block_id, _ = self.free_cached.popitem(last=False)
+        block_id, _ = self.free_cached.popitem(last=False)  # never plain: only cached blocks wait here
         block_hash = self.hashes[block_id]
         if block_hash is not None:  # evict the cached prefix this block held
             if self.cached.get(block_hash) == block_id:
                 del self.cached[block_hash]
             self.hashes[block_id] = None
             self.tokens[block_id] = ()
-        self.ref_counts[block_id] = 1
+        self._refs[block_id] = 1
         return block_id
 
     def _hash_full_blocks(self, seq: Sequence, num_blocks: int) -> None:

@@ -26,7 +26,7 @@ from engine.serving.load.prompt_mix import (
     compact_system_ids,
     next_turn,
 )
-from engine.serving.routing.router import prefix_keys
+from engine.serving.routing.prefix_memory import prefix_keys
 from engine.sim.workload import SimRequest, make_workload
 
 DEFAULTS = {key: lever.default for key, lever in LEVERS.items()}

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from engine.clock import stopwatch
-from engine.sampling_params import SamplingParams
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, RouterConfig
@@ -25,7 +24,7 @@ from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, replica_figures, summarize, take_errors
 from engine.sim.spec import SimSpec
-from engine.sim.workload import SimRequest
+from engine.sim.workload import SimRequest, sim_params
 
 DONE_CHECK_S = 0.1  # how often the run looks for its end (simulated seconds)
 
@@ -111,7 +110,7 @@ def simulate_fleet(
 
     def arrive(r: Any) -> None:
         arrived[0] += 1
-        params = SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True)
+        params = sim_params(r.max_tokens)
         ids = r.token_ids(vocab) if conversations is None else conversations.prompt(r)
         try:
             streams[r.request_id] = fleet.submit(r.request_id, ids, params, None, answers(r.request_id))

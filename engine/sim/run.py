@@ -10,7 +10,6 @@ import queue
 from typing import Any
 
 from engine.clock import stopwatch
-from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, Router, RouterConfig
@@ -22,7 +21,7 @@ from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.results import Recorder, replica_figures, summarize, take_errors
 from engine.sim.spec import SimSpec
-from engine.sim.workload import SimRequest
+from engine.sim.workload import SimRequest, sim_params
 
 
 def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[str, Any]:
@@ -100,7 +99,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
                 ended(seq.request_id)
                 return
             first_tokens[seq.request_id] = seq.times.first_token
-            params = SamplingParams(temperature=0, max_tokens=left, ignore_eos=True)
+            params = sim_params(left)
             events = answers(seq.request_id)
             streams[seq.request_id] = decode_router.submit(  # type: ignore[union-attr]
                 seq.request_id, seq.token_ids, params, events=events
@@ -122,7 +121,7 @@ def simulate(spec: SimSpec, requests: list[SimRequest] | None = None) -> dict[st
         max_tokens = r.max_tokens
         if decode_router is not None:  # the prefill pool computes the prompt and the first token
             decode_left[r.request_id], max_tokens = r.max_tokens - 1, 1
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        params = sim_params(max_tokens)
         ids = r.token_ids(vocab) if conversations is None else conversations.prompt(r)
         try:
             streams[r.request_id] = router.submit(r.request_id, ids, params, events=answers(r.request_id))

@@ -4,11 +4,13 @@ a shared system prompt at the head of a share of them (engine/serving/load/promp
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.prompt_ids import TokenRuns
+from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence as EngineSequence
 from engine.serving.load.loadgen import arrival_times, draw_length
 from engine.serving.load.prompt_mix import Conversations, OpenTurns, PromptMix, compact_system_ids, next_turn, pick_turn
@@ -37,6 +39,14 @@ class SimRequest:
         few hundred bytes, and the system prompt's blocks hash alike in every carrier)."""
         own = self.own_ids(vocab)
         return TokenRuns((compact_system_ids(self.system_len), own)) if self.system_len else own
+
+
+@functools.cache
+def sim_params(max_tokens: int) -> SamplingParams:
+    """A simulated request's sampling: greedy, exactly max_tokens long (EOS ignored). One object
+    per length, shared by every request of it: an engine never changes a request's params, and a
+    big run made and checked 180,000 alike."""
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from typing import Any
 from engine.clock import Clock
 from engine.sampling_params import SamplingParams
 from engine.serving.routing.defences import Defences
+from engine.serving.routing.prefix_memory import PromptBlocks
 
 DRAIN_WINDOW_S = 10.0  # dequeues counted over this window to estimate the drain rate
 
@@ -34,7 +35,7 @@ class QueuedRequest:
     arrival: float = 0.0  # stamped by offer() on admission: the request's one arrival time
     deadline: float | None = None
     payload: Any = None  # what the caller needs to answer it (its stream)
-    block_hashes: list[int] | None = None  # the prompt's chained block keys, for routing
+    block_hashes: PromptBlocks | None = None  # the prompt's chained block keys, for routing
     priority: int = 0  # vLLM's request priority, lower sooner: the replica's scheduler orders by it
 
 

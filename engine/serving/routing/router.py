@@ -18,10 +18,8 @@ import math
 import os
 import queue
 import threading
-from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import repeat
 
 from engine.block_manager import blocks_for
 from engine.clock import WALL_CLOCK, Clock
@@ -31,6 +29,7 @@ from engine.serving.driver import WallClockDriver
 from engine.serving.replicas.messages import AddRequest, RequestError, expired_error
 from engine.serving.replicas.replica_api import ENDED, Replica, ReplicaState
 from engine.serving.routing.defences import Defences
+from engine.serving.routing.prefix_memory import PrefixMemory, PromptBlocks
 from engine.serving.routing.rate_limit import RateLimiter
 from engine.serving.routing.request_queue import QueuedRequest, RequestQueue
 from engine.serving.telemetry.events import EventLog
@@ -39,7 +38,7 @@ from engine.serving.telemetry.traces import Outcome, RequestTraces
 log = logging.getLogger("servelab.router")
 
 PREFIX_MEMORY = 20_000  # block hashes remembered per replica for prefix-aware routing
-_NOTHING_KNOWN: frozenset[int] = frozenset()  # a replica nothing has been sent to yet
+_NOTHING_KNOWN = PrefixMemory(0)  # a replica nothing has been sent to yet
 
 
 class AdmissionError(ServingError):
@@ -101,7 +100,7 @@ class Router:
         self.rejected: dict[str, int] = {}
         self.max_depth_seen = 0
         self._closed = False
-        self._prefixes: dict[int, OrderedDict[int, None]] = {r.replica_id: OrderedDict() for r in replicas}
+        self._prefixes: dict[int, PrefixMemory] = {r.replica_id: PrefixMemory(PREFIX_MEMORY) for r in replicas}
         self._lock = threading.Lock()
         self.wake = threading.Event()  # set on submit: a driver watching it dispatches at once
         self._driver: WallClockDriver | None = None
@@ -217,7 +216,8 @@ class Router:
         with self._lock:
             self.replicas = list(replicas)
             for replica in replicas:
-                self._prefixes.setdefault(replica.replica_id, OrderedDict())
+                if replica.replica_id not in self._prefixes:
+                    self._prefixes[replica.replica_id] = PrefixMemory(PREFIX_MEMORY)
         self.wake.set()
 
     def close(self) -> None:
@@ -283,24 +283,28 @@ class Router:
 
     def _pick(self, request: QueuedRequest) -> Replica | None:
         prefix_aware = self.defences.prefix_aware_routing
-        replicas, n = self.replicas, len(self.replicas)
+        replicas = self.replicas
         # Prefix-blind, equal loads take turns (a plain least-loaded balancer), so a shared prompt
         # lands on every replica in turn; prefix-aware, ties go to the first, as they always have.
-        start = 0 if prefix_aware else self._turn
+        if not prefix_aware and replicas:
+            turn = self._turn % len(replicas)
+            replicas = replicas[turn:] + replicas[:turn]
         # Room first: a full fleet (every poll of an over-capacity queue) answers before any hashing.
-        need = blocks_for(len(request.prompt_token_ids) + 1, self.config.block_size)  # _has_room's, once a pick
-        roomy = [r for r in (replicas[(start + i) % n] for i in range(n)) if self._has_room(r, need)]
+        # A replica with room: ready, a slot free, nobody waiting there, and the blocks of the
+        # prompt and its first token free (inline: a big what-if queue asks it of 8 replicas a poll).
+        need = blocks_for(len(request.prompt_token_ids) + 1, self.config.block_size)
+        ready = ReplicaState.READY
+        roomy = [
+            r for r in replicas
+            if r.state == ready and (s := r.stats) is not None
+            and r.num_in_flight < s.max_num_seqs and s.waiting <= 0 and need <= s.free_blocks
+        ]  # fmt: skip
         if not roomy:
             return None
-        hashes = self._block_hashes(request) if prefix_aware else []
+        blocks = self._block_hashes(request) if prefix_aware else None
         best, best_key = None, None
         for replica in roomy:
-            known = self._prefixes.get(replica.replica_id, _NOTHING_KNOWN)
-            cached = 0  # the prompt's leading blocks this replica is thought to hold
-            for h in hashes:
-                if h not in known:
-                    break
-                cached += 1
+            cached = 0 if blocks is None else self._prefixes.get(replica.replica_id, _NOTHING_KNOWN).leading(blocks)
             key = (cached, -replica.num_in_flight)
             if best_key is None or key > best_key:
                 best, best_key = replica, key
@@ -315,32 +319,19 @@ class Router:
                      if r.state == ReplicaState.READY and r.stats and r.stats.kv_total_blocks > 0]  # fmt: skip
         return max(sizes) if sizes else None
 
-    def _has_room(self, replica: Replica, blocks: int) -> bool:
-        """Whether replica can take a request now: ready, a slot free, nobody waiting there, and
-        the blocks of its prompt and first token free."""
-        stats = replica.stats
-        if replica.state != ReplicaState.READY or stats is None:
-            return False
-        if replica.num_in_flight >= stats.max_num_seqs or stats.waiting > 0:
-            return False
-        return blocks <= stats.free_blocks
-
-    def _block_hashes(self, request: QueuedRequest) -> list[int]:
-        """Hashed once per request: the head of the queue is looked at on every dispatch poll."""
+    def _block_hashes(self, request: QueuedRequest) -> PromptBlocks:
+        """Made once per request (the head of the queue is looked at on every dispatch poll), its
+        keys hashed as the prefix memories ask for them."""
         if request.block_hashes is None:
-            request.block_hashes = prefix_keys(request.prompt_token_ids, self.config.block_size)
+            request.block_hashes = PromptBlocks(request.prompt_token_ids, self.config.block_size)
         return request.block_hashes
 
     def _remember_prefix(self, replica: Replica, request: QueuedRequest) -> None:
         """The prompt's blocks become this replica's most recently sent, the oldest forgotten."""
-        known = self._prefixes.setdefault(replica.replica_id, OrderedDict())
-        hashes = self._block_hashes(request)
-        if not known.keys().isdisjoint(hashes):  # a shared head leaves its old place...
-            for h in hashes:
-                known.pop(h, None)
-        known.update(dict.fromkeys(hashes))  # ...and every block joins the recent end, in prompt order
-        if (excess := len(known) - PREFIX_MEMORY) > 0:  # the oldest forgotten, in one C-level pass
-            deque(map(known.popitem, repeat(False, excess)), 0)
+        memory = self._prefixes.get(replica.replica_id)
+        if memory is None:
+            memory = self._prefixes[replica.replica_id] = PrefixMemory(PREFIX_MEMORY)
+        memory.remember(self._block_hashes(request))
 
     def _refuse(self, status: int, reason: str, message: str, **kwargs: object) -> AdmissionError:
         self._count(reason)
@@ -350,16 +341,3 @@ class Router:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         self.events.emit("rejected", f"{request_id or 'a request'} refused: {reason}", reason=reason)
 
-
-def prefix_keys(token_ids: list[int], block_size: int) -> list[int]:
-    """One key per full block of the prompt that stands for it and every token before it: Python's
-    own tuple hash, chained. The router only guesses which replica caches a prefix, so a 64-bit
-    hash is enough here (5x cheaper than the block manager's blake2b, which must never collide)."""
-    parent, keys = 0, []
-    append = keys.append
-    # Full blocks as tuples straight from one iterator (a simulated prompt is a range): no list of
-    # the prompt's ids, no slicing; a trailing partial block is left out, as zip leaves it.
-    for block in zip(*[iter(token_ids)] * block_size):
-        parent = hash((parent, block))
-        append(parent)
-    return keys
