@@ -22,7 +22,10 @@ QUANTIZATIONS = ("none", "int8")
 # --kv-cache-dtype fp8 without calibration) holds 2x bf16's tokens, 4x fp32's, in the same budget.
 KV_CACHE_DTYPES = ("auto", "fp8")
 # What a running engine takes without a rebuild (LLMEngine.reconfigure): the scheduler reads them.
-IN_PLACE_FIELDS = frozenset({"max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "starvation_s", "aging"})
+IN_PLACE_FIELDS = frozenset({
+    "max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "starvation_s", "aging",
+    "num_speculative_tokens", "spec_lookup_min", "spec_lookup_max",
+})  # fmt: skip
 
 
 @dataclass
@@ -86,6 +89,13 @@ class EngineConfig:
     # steps before the scheduler looks again (nothing is admitted meanwhile), and the run's tokens
     # are delivered together when it ends. A step with prompt work is always a single step.
     scheduler_steps: int = 1
+    # Speculative decoding by n-gram prompt lookup (engine/spec_decode.py; vLLM's speculative_config
+    # method "ngram"): a decode guesses up to this many next tokens from where its last
+    # spec_lookup_max..spec_lookup_min tokens appeared before (vLLM's prompt_lookup_max / _min), and
+    # one forward pass checks them. 0: off. Paged, one pipeline stage and one scheduler step only.
+    num_speculative_tokens: int = 0
+    spec_lookup_min: int = 2
+    spec_lookup_max: int = 4
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -125,6 +135,16 @@ class EngineConfig:
         if not self.paged and (self.prefill_first or self.scheduler_steps > 1):
             name = "prefill_first" if self.prefill_first else "scheduler_steps"
             raise InvalidParamError(name, "is a policy of the paged scheduler: static batches (paged=false) run whole")
+        for name in ("num_speculative_tokens", "spec_lookup_min", "spec_lookup_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 16:
+                raise InvalidParamError(name, f"must be an integer in [0, 16], got {value!r}")
+        if not 1 <= self.spec_lookup_min <= self.spec_lookup_max:
+            raise InvalidParamError("spec_lookup_min", "must be at least 1 and at most spec_lookup_max")
+        if self.num_speculative_tokens and (not self.paged or self.pipeline_parallel > 1 or self.scheduler_steps > 1):
+            raise InvalidParamError(
+                "num_speculative_tokens", "speculates on the paged scheduler, one pipeline stage, one scheduler step"
+            )
         if self.scheduler_steps > 1 and self.pipeline_parallel > 1:
             raise InvalidParamError("scheduler_steps", "a multi-step run is one batch at a time: needs pipeline_parallel 1")
 

@@ -7,7 +7,7 @@ decode as in the full text) and release text only once it no longer ends mid-cha
 from __future__ import annotations
 
 from engine.model.tokenizer import ChatTokenizer
-from engine.sequence import DetokenizerState
+from engine.sequence import DetokenizerState, FinishReason, Sequence
 
 
 def detokenize_step(
@@ -22,3 +22,26 @@ def detokenize_step(
     state.prefix_offset = state.read_offset
     state.read_offset = len(token_ids)
     return full_text[len(prefix_text) :]
+
+
+def text_step(
+    tokenizer: ChatTokenizer | None, seq: Sequence, reason: FinishReason | None
+) -> tuple[FinishReason | None, str]:
+    """Detokenize the new tokens and look for stop strings; the text that is safe to hand out."""
+    params = seq.params
+    if tokenizer is not None:
+        seq.output_text += detokenize_step(tokenizer, seq.output_token_ids, seq.detok, final=reason is not None)
+    if params.stop and (cut := _find_stop(seq.output_text, params.stop)) is not None:
+        seq.output_text = seq.output_text[:cut]
+        reason = FinishReason.STOP
+    # Hold back text that could be the start of a stop string, until it is known not to be.
+    hold = 0 if reason or not params.stop else max(len(s) - 1 for s in params.stop)
+    end = max(seq.num_text_emitted, len(seq.output_text) - hold)
+    new_text = seq.output_text[seq.num_text_emitted : end]
+    seq.num_text_emitted = end
+    return reason, new_text
+
+
+def _find_stop(text: str, stops: list[str]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None

@@ -43,7 +43,18 @@ class LiveParts:
     executor: Executor
 
 
+def _make_startup_visible() -> None:
+    """The KV budget is printed at start even where the host application set up no logging."""
+    root = logging.getLogger("servelab")
+    if not root.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("servelab: %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+
+
 def load_live(config: EngineConfig) -> LiveParts:
+    _make_startup_visible()
     # dtype "auto" becomes what this machine runs best (engine/machine.py); every rank and
     # every later reader of the config sees the resolved dtype.
     dtype_name, dtype_reason = machine.resolve_dtype(config.dtype, config.device)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine import machine
@@ -17,15 +16,18 @@ from engine.block_manager import BlockManager, blocks_for
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import IN_PLACE_FIELDS, EngineConfig
 from engine.contiguous_allocator import ContiguousAllocator
-from engine.detokenizer import detokenize_step
+from engine.detokenizer import text_step
 from engine.errors import InvalidParamError
 from engine.executor import Executor
 from engine.multi_step import HeldRun
 from engine.prompt_ids import PromptIds, checked_prompt_ids
 from engine.ranks import tp_stats
+from engine.request_output import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
-from engine.sequence import FinishReason, RequestTimes, Sequence, SequenceStatus, TokenLogprobs
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import FinishReason, RequestTimes, Sequence, SequenceStatus
+from engine.spec_decode import Speculation
+from engine.static_scheduler import StaticScheduler
 from engine.steady_decodes import SteadyDecodes
 from engine.step_record import StepRing, step_record
 
@@ -34,29 +36,6 @@ if TYPE_CHECKING:  # the live executor's types: torch is loaded only when an eng
     from engine.model.llama import Llama
 
 log = logging.getLogger("servelab.engine")
-
-
-def _make_startup_visible() -> None:
-    """The KV budget is printed at start even where the host application set up no logging."""
-    root = logging.getLogger("servelab")
-    if not root.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("servelab: %(message)s"))
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one request."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    finished: bool
-    finish_reason: FinishReason | None
-    seq: Sequence
-    logprobs: list[TokenLogprobs] | None = None  # this step's tokens', when the request asked
 
 
 class LLMEngine:
@@ -89,6 +68,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self._to_abort: set[str] = set()
         self.num_steps = 0
+        self.speculation = Speculation()  # n-gram guesses and their counts (EngineConfig.num_speculative_tokens)
         self.last_batch = SchedulerOutput()  # what the latest step ran, for stats and benchmarks
         self.replica_id = 0  # which replica this engine is, for its step records
         # What the latest steps ran (engine/step_record.py); None: not recorded (a headless simulation).
@@ -103,7 +83,6 @@ class LLMEngine:
         """Load the weights and tokenizer, shard them, plan the KV budget, build the runner."""
         from engine.live_executor import load_live  # torch: only a live engine loads it
 
-        _make_startup_visible()
         live = load_live(config)
         self.config, self.model, self.plan, self.shard_group = live.config, live.model, live.plan, live.shard_group
         self.dtype = live.dtype
@@ -248,12 +227,16 @@ class LLMEngine:
             record = step_record(batch, self.replica_id, began, began, cfg.max_batched_tokens, cfg.max_num_seqs, stages)
         model = self.runner.last_model_s if model_s is None else model_s
         outputs = self._postprocess(batch, new_tokens, stream)
+        if cfg.num_speculative_tokens:  # the next step's guesses (host work: counted in the step)
+            self.speculation.guess(self.scheduler.running, cfg, self.max_model_len)
         now = self.clock.now()  # after the outputs: processing them is the step's host time too
         if records is not None and record is not None:
             records.append(record.ended(now, model))
         return self._run.hold(outputs, self.scheduler, now) if self._run.active else outputs
 
-    def _postprocess(self, batch: SchedulerOutput, new_tokens: dict[str, int], stream: bool) -> list[RequestOutput]:
+    def _postprocess(
+        self, batch: SchedulerOutput, new_tokens: dict[str, int | list[int]], stream: bool
+    ) -> list[RequestOutput]:
         now = self.clock.now()  # one reading for every token of the step: they land together
         outputs = []
         publish = self.kv.cache_full_blocks if self.kv.enable_prefix_caching else None
@@ -264,10 +247,14 @@ class LLMEngine:
         steady = self.scheduler.steady
         held: list[tuple[Sequence, int, FinishReason | None]] | None = [] if steady is not None else None
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            token = token_of(seq.request_id)
+            if token.__class__ is list:  # a speculating decode: its accepted guesses, then a token
+                if (out := self._land_guesses(seq, token, now, stream)) is not None:  # type: ignore[arg-type]
+                    outputs.append(out)
+                continue
             seq.num_computed_tokens += n
             if publish is not None:
                 publish(seq)
-            token = token_of(seq.request_id)
             if token is None:
                 continue
             output_ids = seq.output_token_ids
@@ -282,8 +269,8 @@ class LLMEngine:
             if not (reason or emit_all or seq.has_stop_strings):
                 continue
             if held is not None:  # emitted below, in running order with the steady decodes that ended
-                held.append((seq, token, reason))
-            elif (out := emit_one(seq, token, reason, now, stream)) is not None:
+                held.append((seq, token, reason))  # type: ignore[arg-type]
+            elif (out := emit_one(seq, [token], reason, now, stream)) is not None:  # type: ignore[list-item]
                 outputs.append(out)
         if steady is not None and held is not None:
             outputs += self._land_steady(steady, batch, held, now, stream)
@@ -300,7 +287,7 @@ class LLMEngine:
             if ending:
                 held += [(seq, steady.token, FinishReason.LENGTH) for seq in ending]
                 held.sort(key=lambda emit: self.scheduler.running.index(emit[0]))
-        outputs = [out for seq, token, reason in held if (out := self._emit(seq, token, reason, now, stream)) is not None]
+        outputs = [out for seq, token, reason in held if (out := self._emit(seq, [token], reason, now, stream)) is not None]
         if not self.scheduler.steady_ok():
             return outputs  # the next step visits every sequence: nobody joins to be let go
         running = SequenceStatus.RUNNING
@@ -309,33 +296,29 @@ class LLMEngine:
                 self.scheduler.join_steady(seq)
         return outputs
 
-    def _emit(self, seq: Sequence, token: int, reason: FinishReason | None, now: float, stream: bool) -> RequestOutput | None:
+    def _land_guesses(self, seq: Sequence, tokens: list[int], now: float, stream: bool) -> RequestOutput | None:
+        """A speculating decode's step: its accepted guesses and the model's token land together
+        (a rejected guess's KV slot is written again by the next step: nothing to undo)."""
+        before = len(seq.output_token_ids)
+        reason = self.speculation.land(seq, tokens, now)
+        if self.kv.enable_prefix_caching:
+            self.kv.cache_full_blocks(seq)
+        return self._emit(seq, seq.output_token_ids[before:], reason, now, stream)
+
+    def _emit(
+        self, seq: Sequence, tokens: list[int], reason: FinishReason | None, now: float, stream: bool
+    ) -> RequestOutput | None:
         """Make the new text, finish seq if it ended; its output, or None when nobody reads it."""
         params = seq.params
         new_text = ""
         if self.tokenizer is not None or params.stop:
-            reason, new_text = self._new_text(seq, reason)
+            reason, new_text = text_step(self.tokenizer, seq, reason)
         if reason:
             self._finish(seq, reason, now)
         elif not stream:
             return None
-        logprobs = seq.output_logprobs[-1:] if params.logprobs is not None else None
-        return RequestOutput(seq.request_id, [token], new_text, reason is not None, reason, seq, logprobs)
-
-    def _new_text(self, seq: Sequence, reason: FinishReason | None) -> tuple[FinishReason | None, str]:
-        """Detokenize the new token and look for stop strings; the text that is safe to hand out."""
-        params = seq.params
-        if self.tokenizer is not None:
-            seq.output_text += detokenize_step(self.tokenizer, seq.output_token_ids, seq.detok, final=reason is not None)
-        if params.stop and (cut := _find_stop(seq.output_text, params.stop)) is not None:
-            seq.output_text = seq.output_text[:cut]
-            reason = FinishReason.STOP
-        # Hold back text that could be the start of a stop string, until it is known not to be.
-        hold = 0 if reason or not params.stop else max(len(s) - 1 for s in params.stop)
-        end = max(seq.num_text_emitted, len(seq.output_text) - hold)
-        new_text = seq.output_text[seq.num_text_emitted : end]
-        seq.num_text_emitted = end
-        return reason, new_text
+        logprobs = seq.output_logprobs[-len(tokens) :] if params.logprobs is not None else None
+        return RequestOutput(seq.request_id, tokens, new_text, reason is not None, reason, seq, logprobs)
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         seq.status = SequenceStatus.FINISHED
@@ -380,6 +363,9 @@ class LLMEngine:
             "prefix_cache_queries": self.kv.prefix_queries,
             "prefix_cache_hits": self.kv.prefix_hits,
             "num_steps": self.num_steps,
+            "spec_checks": self.speculation.checks,
+            "spec_draft_tokens": self.speculation.proposed,
+            "spec_accepted_tokens": self.speculation.accepted,
             "batch_size": len(self.last_batch.seqs) + self.last_batch.steady,
             # Static facts for the back-of-envelope panel: what the weights and the KV cache cost.
             "weight_bytes": self.memory.weight_bytes,
@@ -406,7 +392,3 @@ class LLMEngine:
         if "prefix_caching" in changes and isinstance(self.kv, BlockManager):
             self.kv.enable_prefix_caching = self.config.prefix_caching
 
-
-def _find_stop(text: str, stops: list[str]) -> int | None:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return min(hits) if hits else None

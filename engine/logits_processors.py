@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sequence import Sequence
-
-
-def needs_processing(seq: Sequence) -> bool:
-    return seq.params.penalized or len(seq.output_token_ids) < seq.params.min_tokens
+from engine.sequence import Sequence, needs_processing
 
 
 def process_logits(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: list[int]) -> torch.Tensor:

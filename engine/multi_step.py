@@ -12,7 +12,7 @@ from typing import Generic, TypeVar
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 
-Output = TypeVar("Output")  # the engine's RequestOutput (defined beside the engine, which imports this)
+Output = TypeVar("Output")  # the engine's RequestOutput (engine/request_output.py)
 
 
 class HeldRun(Generic[Output]):

@@ -15,9 +15,10 @@ from engine.huge_pages import zeros_on_huge_pages
 from engine.logits_processors import needs_processing, process_logits
 from engine.logprobs import token_logprobs
 from engine.model.llama import AttentionBatch, Llama, PrefillChunk
-from engine.sampler import Sampler, greedy_tokens
+from engine.sampler import Sampler, greedy_tokens, target_probs
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
+from engine.spec_verify import accept_greedy, accept_sampled
 from engine.threads import ThreadGovernor
 
 PROMPT_LOGITS_ROWS = 256  # prompt positions per logits matmul when a request wants prompt logprobs
@@ -93,8 +94,9 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[lo - start : hi - start]).cpu()
             seq.prompt_logprobs += token_logprobs(logits, seq.prompt_token_ids[lo + 1 : hi + 1], [k] * (hi - lo))
 
-    def execute(self, batch: SchedulerOutput) -> dict[str, int]:
-        """Run one step; returns the new token of every sequence whose known tokens are all computed."""
+    def execute(self, batch: SchedulerOutput) -> dict[str, int | list[int]]:
+        """Run one step; returns the new token of every sequence whose known tokens are all
+        computed, and a speculating decode's accepted guesses and the token after them (a list)."""
         return self.collect(self.launch(batch))
 
     @torch.inference_mode()
@@ -122,7 +124,7 @@ class ModelRunner:
         self.stages.pass_on(hidden)
         return LaunchedStep(order, None, len(input_ids), logit_rows, began)
 
-    def collect(self, step: LaunchedStep) -> dict[str, int]:
+    def collect(self, step: LaunchedStep) -> dict[str, int | list[int]]:
         """The step's new tokens; last_model_s from its forward's start to its tokens, as rank 0
         sees it: its forward waits on the other TP ranks in the all-reduces and on the later
         pipeline stages for the logits (overlapped, the engine's work meanwhile hides behind them)."""
@@ -131,7 +133,7 @@ class ModelRunner:
         return tokens
 
     @torch.inference_mode()
-    def _sample(self, step: LaunchedStep) -> dict[str, int]:
+    def _sample(self, step: LaunchedStep) -> dict[str, int | list[int]]:
         """The step's new tokens, from the last layer's output, or pipelined from the last stage's
         logits of the rows to sample (its residual stream where prompt logprobs need every row)."""
         hidden = step.hidden
@@ -144,11 +146,14 @@ class ModelRunner:
                 if _wants_prompt_logprobs(seq):
                     self._prompt_logprobs(seq, hidden[offset : offset + n])
                 offset += n
+        tokens: dict[str, int | list[int]] = {}
+        if hidden is not None and (guessing := _guess_rows(step.order)):
+            tokens.update(self._verify(hidden, guessing))
         to_sample, rows = _sample_rows(step.order)
         if not to_sample:
-            if hidden is not None and hidden.is_cuda:  # nothing copied back: wait, so last_model_s holds the GPU's work
+            if hidden is not None and hidden.is_cuda and not tokens:  # nothing copied back: wait, so last_model_s holds the GPU's work
                 torch.cuda.synchronize(hidden.device)
-            return {}
+            return tokens
         if hidden is not None:
             raw = self.model.raw_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
         else:
@@ -157,19 +162,36 @@ class ModelRunner:
         ids = [s.request_id for s in to_sample]
         self.last_logits = (ids, raw)
         if all(s.params.greedy and s.params.logprobs is None and not needs_processing(s) for s in to_sample):
-            return dict(zip(ids, greedy_tokens(raw).tolist()))  # the common case: no fp32 copy
+            return tokens | dict(zip(ids, greedy_tokens(raw).tolist()))  # the common case: no fp32 copy
         wanted = [r for r, s in enumerate(to_sample) if s.params.logprobs is not None]
         # The sampler reads bf16 as it is; penalties and logprobs work on an fp32 copy.
         logits = raw.float() if wanted or any(needs_processing(s) for s in to_sample) else raw
         processed = process_logits(logits, to_sample, self.eos_token_ids)
-        tokens = self.sampler.sample(processed, [s.params for s in to_sample], ids)
+        sampled = self.sampler.sample(processed, [s.params for s in to_sample], ids)
         if wanted:  # from the model's logits, before penalties (see engine/logprobs.py)
             found = token_logprobs(
-                logits[wanted], [tokens[r] for r in wanted], [to_sample[r].params.logprobs or 0 for r in wanted]
+                logits[wanted], [sampled[r] for r in wanted], [to_sample[r].params.logprobs or 0 for r in wanted]
             )
             for r, lp in zip(wanted, found):
                 to_sample[r].output_logprobs.append(lp)
-        return dict(zip(ids, tokens))
+        return tokens | dict(zip(ids, sampled))
+
+    def _verify(self, hidden: torch.Tensor, guessing: list[tuple[Sequence, int, int]]) -> dict[str, int | list[int]]:
+        """Speculating decodes (engine/spec_decode.py): the logits of each one's 1 + k rows (its
+        last token's, then each guess's), and what they accept."""
+        rows = [r for _, first, n in guessing for r in range(first, first + n)]
+        raw = self.model.raw_logits(hidden[torch.tensor(rows, device=hidden.device)]).cpu()
+        out: dict[str, int | list[int]] = {}
+        offset = 0
+        for seq, _, n in guessing:
+            block, offset = raw[offset : offset + n], offset + n
+            params = seq.params
+            if params.greedy:
+                out[seq.request_id] = accept_greedy(greedy_tokens(block).tolist(), seq.spec_token_ids)
+            else:
+                draw = self.sampler.uniform_source(params, seq.request_id)
+                out[seq.request_id] = accept_sampled(target_probs(block, params), seq.spec_token_ids, draw)
+        return out
 
     def forget(self, request_id: str) -> None:
         self.sampler.forget(request_id)
@@ -195,7 +217,10 @@ class ModelRunner:
         for seq, n in prefills:
             start = seq.num_computed_tokens
             chunks.append(PrefillChunk(len(token_ids), n, start, torch.tensor(seq.block_table, device=self.device)))
-            token_ids.extend(seq.token_ids[start : start + n])
+            if seq.spec_token_ids:  # a decode checking its guesses: its last token, then them
+                token_ids += [seq.token_at(start), *seq.spec_token_ids]
+            else:
+                token_ids.extend(seq.token_ids[start : start + n])
         dev = self.device
         nd = len(decodes)
         seq_lens = torch.from_numpy((starts + counts).astype(np.int32)).to(dev)
@@ -215,6 +240,16 @@ class ModelRunner:
 
 def _wants_prompt_logprobs(seq: Sequence) -> bool:
     return seq.params.prompt_logprobs is not None and seq.num_computed_tokens < seq.num_prompt_tokens - 1
+
+
+def _guess_rows(order: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int, int]]:
+    """Speculating decodes in the step: each with its first row and its 1 + k rows."""
+    found, offset = [], 0
+    for seq, n in order:
+        if seq.spec_token_ids and n == 1 + len(seq.spec_token_ids):
+            found.append((seq, offset, n))
+        offset += n
+    return found
 
 
 def _sample_rows(order: list[tuple[Sequence, int]]) -> tuple[list[Sequence], list[int]]:

@@ -8,6 +8,8 @@ CPU generator) took 65 ms (bench/sampler_bench.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from engine.kernels import cpu_attention
@@ -52,6 +54,16 @@ class Sampler:
         result[torch.tensor(random_rows)] = chosen.to(result.device)
         return result.tolist()
 
+    def uniform_source(self, params: SamplingParams, request_id: str) -> Callable[[], float]:
+        """Uniform draws in [0, 1) for one request, one at a time (speculative decoding's accept
+        tests): from its own generator when it is seeded, as sample() draws for it."""
+        gen = None
+        if params.seed is not None:
+            gen = self._generators.get(request_id)
+            if gen is None:
+                gen = self._generators[request_id] = torch.Generator().manual_seed(params.seed)
+        return lambda: float(torch.rand((), dtype=torch.float64, generator=gen))
+
     def _uniforms(self, params: list[SamplingParams], request_ids: list[str]) -> torch.Tensor:
         """One float64 in [0, 1) per row: a seeded request's from its own generator, the others'
         from torch's global one."""
@@ -89,6 +101,20 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and cpu_attention.available():
         return cpu_attention.greedy_pick(logits)
     return logits.max(dim=-1).indices
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """One request's rows [n, V] -> float64 probabilities as sample() would draw from them: the
+    temperature, then top-k, top-p and min_p (filter_rows over the whole sorted row)."""
+    scaled = logits.double() / params.temperature
+    if params.top_k <= 0 and params.top_p >= 1.0 and params.min_p <= 0:
+        return torch.softmax(scaled, dim=-1)
+    rows, vocab = scaled.shape
+    ks = torch.full((rows,), params.top_k if 0 < params.top_k < vocab else vocab)
+    ps = torch.full((rows,), params.top_p, dtype=scaled.dtype)
+    mins = torch.full((rows,), params.min_p, dtype=scaled.dtype)
+    kept, ids, _ = filter_rows(scaled, ks, ps, mins, torch.logsumexp(scaled, dim=-1), vocab)
+    return torch.zeros_like(scaled).scatter_(1, ids, torch.softmax(kept, dim=-1))
 
 
 # Candidates per row before a full sort: torch's CPU sort of 64 x 49,152 logits took 89 ms here,

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine import admission
 from engine.block_manager import BlockManager, blocks_for
 from engine.clock import Clock
 from engine.config import EngineConfig
-from engine.contiguous_allocator import ContiguousAllocator
 from engine.sequence import Sequence, SequenceStatus
 from engine.steady_decodes import SteadyDecodes
 
@@ -123,7 +123,7 @@ class Scheduler:
         config = self.config
         return (
             config.chunked_prefill and not config.prefill_first and config.scheduler_steps == 1
-            and not self.kv.enable_prefix_caching
+            and not self.kv.enable_prefix_caching and not config.num_speculative_tokens
             and (max_continuing is None or max_continuing >= len(self.running))
         )  # fmt: skip
 
@@ -143,6 +143,7 @@ class Scheduler:
         add_seq, add_count = seqs.append, counts.append  # bound once: this loop runs for every sequence
         # The cap is checked only where it can bind (a pipelined replica's share of the batch).
         cap = max_continuing if max_continuing is not None and max_continuing < len(self.running) else None
+        speculating = self.config.num_speculative_tokens > 0
         for seq in list(self.running):  # a copy: preemption takes from the end as it goes
             if seq.status is not running or seq.in_flight:  # preempted earlier in this loop, or in a stage
                 continue
@@ -157,6 +158,8 @@ class Scheduler:
                 n = remaining if remaining <= budget or not seqs else 0
             if n <= 0:
                 continue
+            if speculating and remaining == 1 and seq.spec_token_ids:
+                n = self._with_guesses(seq, budget)
             # Most decodes: the last block has room.
             if done + n <= len(seq.block_table) * bs or self.kv.allocate(seq, n):
                 add_seq(seq)
@@ -175,6 +178,17 @@ class Scheduler:
                     budget -= n
                     break
         return out, budget
+
+    def _with_guesses(self, seq: Sequence, budget: int) -> int:
+        """A decode's tokens with its speculative guesses: 1 + as many as the budget leaves room
+        for and free blocks can hold. A guess never preempts anyone: short of blocks, it decodes
+        one token as it would have."""
+        k = min(len(seq.spec_token_ids), budget - 1)
+        if k > 0 and self.kv.allocate(seq, 1 + k):
+            seq.spec_token_ids = seq.spec_token_ids[:k]
+            return 1 + k
+        seq.spec_token_ids = ()
+        return 1
 
     def _continue_steady(self, out: SchedulerOutput, budget: int) -> int | None:
         """_continue_running with the steady decodes as counts: the others visited in running
@@ -305,9 +319,9 @@ class Scheduler:
             order.insert(0, oldest)
         bs = self.kv.block_size
         reserve = self.config.admission == "reserve"
-        unpromised = self._unpromised_blocks() if reserve else 0
+        unpromised = admission.unpromised_blocks(self.kv, self.running) if reserve else 0
         watermarked = self.config.kv_watermark > 0  # read each step, as the other levers
-        owed = self._owed_prompt_blocks() if watermarked else 0
+        owed = sum(admission.owed(s, bs) for s in self.running) if watermarked else 0
         keep_free = int(self.config.kv_watermark * self.kv.num_blocks) if watermarked else 0  # vLLM's int()
         for seq in order:
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
@@ -323,7 +337,7 @@ class Scheduler:
                 revived = self.kv.num_revived(prefix)
                 fits = fits and blocks_for(seq.max_total_tokens, bs) - len(prefix) + revived <= unpromised
             if watermarked and fits and self.running:  # alone on the replica, nothing else will free blocks
-                fits = self._leaves_watermark(seq, prefix, owed, keep_free)
+                fits = admission.leaves_watermark(self.kv, seq, prefix, owed, keep_free)
             if not fits or not self.kv.can_admit(prefix, n):
                 if starving and seq is oldest:
                     break  # hold everything back until the oldest waiter fits
@@ -332,9 +346,9 @@ class Scheduler:
             self.kv.admit(seq, prefix)
             assert self.kv.allocate(seq, n)
             if reserve:
-                unpromised -= free_before - self.kv.num_free_blocks + self._growth(seq)
+                unpromised -= free_before - self.kv.num_free_blocks + admission.growth(seq, bs)
             if watermarked:
-                owed += self._owed(seq)
+                owed += admission.owed(seq, bs)
             self.waiting.remove(seq)
             self.running.append(seq)
             if self.steady is not None:
@@ -357,33 +371,6 @@ class Scheduler:
                 out.expired.append(seq)
                 self.num_expired += 1
 
-    def _growth(self, seq: Sequence) -> int:
-        """Blocks seq may still take before it reaches prompt + max_tokens."""
-        return blocks_for(seq.max_total_tokens, self.kv.block_size) - len(seq.block_table)
-
-    def _unpromised_blocks(self) -> int:
-        """Free blocks less what every running sequence may still grow into."""
-        return self.kv.num_free_blocks - sum(self._growth(s) for s in self.running)
-
-    # vLLM v0's admission watermark (EngineConfig.kv_watermark) ------------------------------------------
-
-    def _leaves_watermark(self, seq: Sequence, prefix: list[int], owed: int, keep_free: int) -> bool:
-        """vLLM v0's can_allocate: the waiter's whole uncached prompt (and any cached blocks it takes
-        out of the free queue), less what earlier admissions still owe, leaves keep_free blocks free.
-        vLLM allocated a prompt's blocks whole at admission; here they are taken chunk by chunk, so
-        the blocks still owed to prompts part-way through their prefill count as taken."""
-        need = blocks_for(seq.num_tokens, self.kv.block_size) - len(prefix) + self.kv.num_revived(prefix)
-        return self.kv.num_free_blocks - owed - need >= keep_free
-
-    def _owed(self, seq: Sequence) -> int:
-        """Blocks a running sequence still needs to finish its prompt (a recompute: prompt + outputs)."""
-        if seq.num_tokens - seq.num_computed_tokens <= 1:  # decoding: its growth is the watermark's job
-            return 0
-        return max(0, blocks_for(seq.num_tokens, self.kv.block_size) - len(seq.block_table))
-
-    def _owed_prompt_blocks(self) -> int:
-        return sum(map(self._owed, self.running))
-
     def _forget_steady(self, seq: Sequence) -> None:
         """seq leaves the running sequences: out of the steady decodes or the others."""
         if self.steady is None:
@@ -399,6 +386,7 @@ class Scheduler:
         self.running.remove(seq)
         self.kv.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = ()
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         seq.times.preempted.append(self.clock.now())
@@ -406,26 +394,3 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(seq)
 
-
-class StaticScheduler(Scheduler):
-    """`paged=false`: form a batch, reserve prompt + max_tokens of contiguous KV for each member,
-    and run it to completion before the next batch forms; finished members leave idle slots."""
-
-    kv: ContiguousAllocator  # type: ignore[assignment]
-
-    def schedule(self, max_continuing: int | None = None) -> SchedulerOutput:
-        out = SchedulerOutput()
-        if not self.running:
-            now = self.clock.now()
-            for seq in sorted(self.waiting, key=lambda s: s.times.arrival):
-                if len(self.running) >= self.config.max_num_seqs or not self.kv.allocate(seq, 0):
-                    break
-                self.waiting.remove(seq)
-                self.running.append(seq)
-                seq.status = SequenceStatus.RUNNING
-                seq.times.scheduled = now
-                out.admitted.append(seq)
-        for seq in self.running:
-            if not seq.in_flight:
-                out.add(seq, seq.num_tokens - seq.num_computed_tokens)
-        return out

@@ -120,6 +120,9 @@ class Sequence:
     verified_blocks: tuple[int, ...] = ()
     num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
     num_preemptions: int = 0
+    # Speculative decoding's guesses at its next tokens (engine/spec_decode.py), made after a step
+    # and checked in the next one: the scheduler gives it 1 + len of them (fewer if the budget is short).
+    spec_token_ids: tuple[int, ...] = ()
     # In a batch still going through a replica's pipeline stages: not scheduled again, nor
     # preempted, until that batch lands (its next token depends on it).
     in_flight: bool = False
@@ -165,3 +168,9 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+
+def needs_processing(seq: Sequence) -> bool:
+    """Whether seq's logits change before sampling (engine/logits_processors.py): a penalty, or
+    min_tokens' mask still on."""
+    return seq.params.penalized or len(seq.output_token_ids) < seq.params.min_tokens

@@ -11,8 +11,9 @@ from engine.config import EngineConfig
 from engine.contiguous_allocator import ContiguousAllocator
 from engine.errors import InvalidParamError
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput, StaticScheduler
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import RequestTimes, Sequence, SequenceStatus
+from engine.static_scheduler import StaticScheduler
 
 BS = 4
 

@@ -133,6 +133,10 @@ class ReplicaStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_steps: int = 0
+    # Speculative decoding (engine/spec_decode.py): verify passes, guesses checked, guesses kept.
+    spec_checks: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
     kv_tokens_used: int = 0
     kv_tokens_reserved: int = 0
     # Static facts for the lab's back-of-envelope panel (live only): what weights and KV cost.
