@@ -56,18 +56,24 @@ class Recorder:
 
 
     @property
-    def itl(self) -> array:
-        """Every inter-token gap, request by request (none across two requests)."""
+    def itl(self) -> np.ndarray:
+        """Every inter-token gap, request by request (none across two requests): float64, made
+        when asked (a ten-minute fleet's 45 million, so no copy beyond the one)."""
         times = np.frombuffer(self.token_times, dtype=np.float64)
-        gaps = array("d")
-        if len(times) > 1:
-            across = np.frombuffer(self.token_starts, dtype=np.int64)[1:] - 1  # a request's last -> the next's first
-            gaps.frombytes(np.delete(np.diff(times), across).tobytes())
-        return gaps
+        if len(times) < 2:
+            return np.empty(0)
+        across = np.frombuffer(self.token_starts, dtype=np.int64)[1:] - 1  # a request's last -> the next's first
+        return np.delete(np.diff(times), across)
 
 
-def _pct(values: array, p: float) -> float:
+def _pct(values: array | np.ndarray, p: float) -> float:
     return float(np.percentile(np.frombuffer(values, dtype=np.float64), p)) if len(values) else 0.0
+
+
+def _itl_pct(rec: Recorder, p: float) -> float:
+    """The gaps are made for this alone: the percentile partitions them in place, no copy."""
+    gaps = rec.itl
+    return float(np.percentile(gaps, p, overwrite_input=True)) if len(gaps) else 0.0
 
 
 def summarize(rec: Recorder, duration_s: float, num_gpus: int) -> dict[str, float]:
@@ -81,7 +87,7 @@ def summarize(rec: Recorder, duration_s: float, num_gpus: int) -> dict[str, floa
         "ttft_p99_s": _pct(rec.ttft, 99),
         "tpot_p50_s": _pct(rec.tpot, 50),
         "tpot_p99_s": _pct(rec.tpot, 99),
-        "itl_p99_s": _pct(rec.itl, 99),
+        "itl_p99_s": _itl_pct(rec, 99),
         "e2el_p50_s": _pct(rec.e2el, 50),
         "goodput_req_s": rec.good / d,
         "completed": done,
