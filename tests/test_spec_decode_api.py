@@ -1,0 +1,48 @@
+"""Speculative decoding behind the OpenAI API (`python -m engine serve --num-speculative-tokens 4`):
+a step's several tokens stream as one chunk, the streamed text is the whole text, and the usage
+counts every token."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from bench.spec_decode import prompts
+from tests.server_process import ServerProcess
+from tests.waiting import wait_for
+
+MODEL = "SmolLM2-135M-Instruct"
+QUOTE = prompts(1)[0]  # a paragraph to write out again: the answer quotes it
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    srv = ServerProcess("--dtype", "float32", "--num-speculative-tokens", "4")
+    yield srv
+    srv.stop()
+
+
+def test_streamed_guesses_make_the_same_text_in_fewer_chunks(server: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="none", max_retries=0)
+    whole = client.completions.create(model=MODEL, prompt=QUOTE, max_tokens=40, temperature=0)
+    stream = client.completions.create(
+        model=MODEL, prompt=QUOTE, max_tokens=40, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    texts, usage = [], None
+    for chunk in stream:
+        if chunk.choices:
+            texts.append(chunk.choices[0].text)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    assert "".join(texts) == whole.choices[0].text
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+    assert len([t for t in texts if t]) < whole.usage.completion_tokens  # some chunks carried several tokens
+
+    def counted() -> float:
+        _, body = server.request("GET", "/metrics")
+        lines = [line for line in body.decode().splitlines() if line.startswith("vllm:generation_tokens_total")]
+        return float(lines[0].rsplit(" ", 1)[1]) if lines else -1.0
+
+    assert wait_for(lambda: counted() == 2 * whole.usage.completion_tokens)  # the metrics bus counts every token
