@@ -57,24 +57,27 @@ class Sampler:
     def uniform_source(self, params: SamplingParams, request_id: str) -> Callable[[], float]:
         """Uniform draws in [0, 1) for one request, one at a time (speculative decoding's accept
         tests): from its own generator when it is seeded, as sample() draws for it."""
-        gen = None
-        if params.seed is not None:
-            gen = self._generators.get(request_id)
-            if gen is None:
-                gen = self._generators[request_id] = torch.Generator().manual_seed(params.seed)
+        gen = self._generator(params, request_id)
         return lambda: float(torch.rand((), dtype=torch.float64, generator=gen))
+
+    def _generator(self, params: SamplingParams, request_id: str) -> torch.Generator | None:
+        """A seeded request's own generator, made at its first draw; None (torch's global one) for
+        the others."""
+        if params.seed is None:
+            return None
+        gen = self._generators.get(request_id)
+        if gen is None:
+            gen = self._generators[request_id] = torch.Generator().manual_seed(params.seed)
+        return gen
 
     def _uniforms(self, params: list[SamplingParams], request_ids: list[str]) -> torch.Tensor:
         """One float64 in [0, 1) per row: a seeded request's from its own generator, the others'
         from torch's global one."""
         uniforms = torch.rand(len(params), dtype=torch.float64)
         for row, (p, request_id) in enumerate(zip(params, request_ids)):
-            if p.seed is None:
-                continue
-            gen = self._generators.get(request_id)
-            if gen is None:
-                gen = self._generators[request_id] = torch.Generator().manual_seed(p.seed)
-            uniforms[row] = torch.rand((), dtype=torch.float64, generator=gen)
+            gen = self._generator(p, request_id)
+            if gen is not None:
+                uniforms[row] = torch.rand((), dtype=torch.float64, generator=gen)
         return uniforms
 
 
@@ -89,9 +92,15 @@ def draw(logits: torch.Tensor, inv_temps: torch.Tensor, uniforms: torch.Tensor) 
 
 def draw_torch(logits: torch.Tensor, inv_temps: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """draw() in torch, on any device (float64 CDF)."""
-    cdf = torch.softmax(logits.double() * inv_temps.double()[:, None], dim=-1).cumsum(dim=-1)
-    target = (uniforms.double() * cdf[:, -1])[:, None]
-    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=logits.shape[-1] - 1)
+    return pick_from_weights(torch.softmax(logits.double() * inv_temps.double()[:, None], dim=-1), uniforms)
+
+
+def pick_from_weights(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Row b's first token whose running weight passes uniforms[b] of the row's total: the
+    inverse CDF, for weights that need not sum to one (float64)."""
+    cdf = weights.cumsum(dim=-1)
+    target = (uniforms.to(cdf.dtype) * cdf[:, -1])[:, None]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=weights.shape[-1] - 1)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

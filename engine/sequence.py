@@ -170,6 +170,14 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
 
+def stop_reason(seq: Sequence, token: int) -> FinishReason | None:
+    """Whether the token just added to seq's output ends it: one of its stop ids, or its length
+    (stop strings are checked with the text)."""
+    if token in seq.stop_ids:
+        return FinishReason.STOP
+    return FinishReason.LENGTH if len(seq.output_token_ids) >= seq.max_output else None
+
+
 def needs_processing(seq: Sequence) -> bool:
     """Whether seq's logits change before sampling (engine/logits_processors.py): a penalty, or
     min_tokens' mask still on."""

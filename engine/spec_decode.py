@@ -21,7 +21,7 @@ from collections.abc import Sequence as Ids
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.sequence import FinishReason, Sequence, needs_processing
+from engine.sequence import FinishReason, Sequence, needs_processing, stop_reason
 
 
 def propose(token_ids: Ids[int], k: int, lookup_min: int, lookup_max: int) -> list[int]:
@@ -77,11 +77,7 @@ class Speculation:
             kept += 1
             output_ids.append(token)
             times.tokens.append(now)
-            if token in seq.stop_ids:
-                reason = FinishReason.STOP
-            elif len(output_ids) >= seq.max_output:
-                reason = FinishReason.LENGTH
-            if reason:
+            if reason := stop_reason(seq, token):
                 break
         seq.num_computed_tokens += kept
         return reason

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from engine.sampler import pick_from_weights
+
 
 def accept_greedy(argmax: list[int], drafts: Sequence[int]) -> list[int]:
     """argmax: the model's choice at each of the k + 1 rows (row i follows draft i - 1). The
@@ -42,8 +44,6 @@ def accept_sampled(probs: torch.Tensor, drafts: Sequence[int], uniform: Callable
     return out
 
 
+
 def _draw(weights: torch.Tensor, u: float) -> int:
-    """The first token whose running weight passes u of the total (the sampler's inverse CDF)."""
-    cdf = weights.cumsum(0)
-    index = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True)[0])
-    return min(index, weights.shape[0] - 1)
+    return int(pick_from_weights(weights[None], torch.tensor([u], dtype=torch.float64))[0])

@@ -80,7 +80,7 @@ def test_the_replica_holding_the_longest_head_wins_and_a_full_fleet_hashes_nothi
     a.num_in_flight = b.num_in_flight = 8  # both full
     full = request(list(range(12)))
     assert rt._pick(full) is None
-    assert full.block_hashes is None  # answered from the replicas' room alone
+    assert full.blocks is None  # answered from the replicas' room alone
 
 
 class ReferenceMemory:

@@ -54,7 +54,6 @@ class Recorder:
         self.output_tokens += len(tokens)
         self.good += ttft <= self.slo_s[0] and tpot <= self.slo_s[1]
 
-
     @property
     def itl(self) -> np.ndarray:
         """Every inter-token gap, request by request (none across two requests): float64, made

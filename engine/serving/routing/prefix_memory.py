@@ -137,11 +137,19 @@ class PrefixMemory:
 
     def _to_keys(self) -> None:
         """From prompts to keys, the same keys in the same order."""
-        self._log = list(self)
-        self._base, self._head = 0, 0
-        self._last = dict(zip(self._log, range(len(self._log))))
+        keys = list(self)
+        self._last, self._base = {}, 0
         self._prompts.clear()
         self._by_first.clear()
+        self._rewrite_log(keys)
+
+    def _rewrite_log(self, keys: list[int]) -> None:
+        """The log becomes the remembered keys alone, oldest first, at positions after every one
+        used before (so no stale position can match)."""
+        assert self._last is not None
+        self._base += len(self._log)
+        self._log, self._head = keys, 0
+        self._last.update(zip(keys, range(self._base, self._base + len(keys))))
 
     def _remember_keys(self, keys: list[int]) -> None:
         log, last = self._log, self._last
@@ -169,7 +177,4 @@ class PrefixMemory:
             head = 0
         self._head = head
         if len(log) - head > 2 * len(last) + 1024:  # mostly stale (one prompt sent over and over)
-            live = list(self)
-            self._base += len(log)
-            self._log, self._head = live, 0
-            last.update(zip(live, range(self._base, self._base + len(live))))
+            self._rewrite_log(list(self))

@@ -35,7 +35,7 @@ class QueuedRequest:
     arrival: float = 0.0  # stamped by offer() on admission: the request's one arrival time
     deadline: float | None = None
     payload: Any = None  # what the caller needs to answer it (its stream)
-    block_hashes: PromptBlocks | None = None  # the prompt's chained block keys, for routing
+    blocks: PromptBlocks | None = None  # the prompt's chained block keys, for routing
     priority: int = 0  # vLLM's request priority, lower sooner: the replica's scheduler orders by it
 
 

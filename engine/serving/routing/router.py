@@ -38,7 +38,6 @@ from engine.serving.telemetry.traces import Outcome, RequestTraces
 log = logging.getLogger("servelab.router")
 
 PREFIX_MEMORY = 20_000  # block hashes remembered per replica for prefix-aware routing
-_NOTHING_KNOWN = PrefixMemory(0)  # a replica nothing has been sent to yet
 
 
 class AdmissionError(ServingError):
@@ -301,10 +300,10 @@ class Router:
         ]  # fmt: skip
         if not roomy:
             return None
-        blocks = self._block_hashes(request) if prefix_aware else None
+        blocks = self._prompt_blocks(request) if prefix_aware else None
         best, best_key = None, None
         for replica in roomy:
-            cached = 0 if blocks is None else self._prefixes.get(replica.replica_id, _NOTHING_KNOWN).leading(blocks)
+            cached = 0 if blocks is None else self._prefixes[replica.replica_id].leading(blocks)
             key = (cached, -replica.num_in_flight)
             if best_key is None or key > best_key:
                 best, best_key = replica, key
@@ -319,19 +318,16 @@ class Router:
                      if r.state == ReplicaState.READY and r.stats and r.stats.kv_total_blocks > 0]  # fmt: skip
         return max(sizes) if sizes else None
 
-    def _block_hashes(self, request: QueuedRequest) -> PromptBlocks:
+    def _prompt_blocks(self, request: QueuedRequest) -> PromptBlocks:
         """Made once per request (the head of the queue is looked at on every dispatch poll), its
         keys hashed as the prefix memories ask for them."""
-        if request.block_hashes is None:
-            request.block_hashes = PromptBlocks(request.prompt_token_ids, self.config.block_size)
-        return request.block_hashes
+        if request.blocks is None:
+            request.blocks = PromptBlocks(request.prompt_token_ids, self.config.block_size)
+        return request.blocks
 
     def _remember_prefix(self, replica: Replica, request: QueuedRequest) -> None:
         """The prompt's blocks become this replica's most recently sent, the oldest forgotten."""
-        memory = self._prefixes.get(replica.replica_id)
-        if memory is None:
-            memory = self._prefixes[replica.replica_id] = PrefixMemory(PREFIX_MEMORY)
-        memory.remember(self._block_hashes(request))
+        self._prefixes[replica.replica_id].remember(self._prompt_blocks(request))  # set_replicas made it
 
     def _refuse(self, status: int, reason: str, message: str, **kwargs: object) -> AdmissionError:
         self._count(reason)
