@@ -13,6 +13,7 @@ from engine.memory import MemoryPlan
 from engine.model.llama_config import LlamaConfig
 from engine.model.tokenizer import ChatTokenizer
 from engine.scheduler import SchedulerOutput
+from engine.spec_decode import Proposer, ngram
 
 
 class Runner(Protocol):
@@ -20,8 +21,9 @@ class Runner(Protocol):
     # wall seconds live (the one place a step's wall time is read), the cost model's in a simulation.
     last_model_s: float
 
-    def execute(self, batch: SchedulerOutput) -> dict[str, int]:
-        """Run one step; the new token of every sequence whose known tokens are all computed."""
+    def execute(self, batch: SchedulerOutput) -> dict[str, int | list[int]]:
+        """Run one step; the new token of every sequence whose known tokens are all computed (a
+        speculating decode's: the guesses that stood, then the model's own token, as a list)."""
         ...
 
     def forget(self, request_id: str) -> None:
@@ -36,3 +38,4 @@ class Executor:
     memory: MemoryPlan
     runner: Runner
     tokenizer: ChatTokenizer | None = None  # None: token ids in, token ids out (no text)
+    proposer: Proposer = ngram  # speculative decoding's guesses (EngineConfig.num_speculative_tokens)

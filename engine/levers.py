@@ -100,6 +100,12 @@ LEVERS: dict[str, Lever] = {
         # Precision on the live engine (the simulator's are weight_dtype and kv_dtype).
         Lever("quantization", str, "none", "Weights (live): int8 = W8A8", choices=("none", "int8"), apply="rebuild"),
         Lever("kv_cache_dtype", str, "auto", "KV cache dtype (live)", choices=("auto", "fp8"), apply="rebuild"),
+        # Speculative decoding (engine/spec_decode.py): n-gram guesses checked in one pass. Live,
+        # the guesses come from the text; simulated, spec_acceptance stands for how often they hold.
+        Lever("num_speculative_tokens", int, 0, "Speculative tokens (0 = off)", "tokens", 0, 8),
+        Lever("spec_lookup_max", int, 4, "Guess lookup: longest match", "tokens", 1, 16),
+        Lever("spec_lookup_min", int, 2, "Guess lookup: shortest match", "tokens", 1, 16),
+        Lever("spec_acceptance", float, 0.6, "Guesses that hold (simulated)", "", 0, 1, apply="sim"),
         Lever("queue_cap", int, 64, "Queue capacity", "requests", 1, 100000),
         Lever("deadline_s", float, 30.0, "Queue deadline", "s", 0.1, 3600),
         Lever("rate_limit", float, 0.0, "Rate limit per key (0 = off)", "req/s", 0, 1000),
@@ -151,6 +157,8 @@ def validate_levers(values: dict[str, Any]) -> dict[str, Any]:
         clean[key] = lever.validate(value)
     if clean.get("min_replicas", 0) > clean.get("max_replicas", 64):
         raise InvalidParamError("min_replicas", "must not exceed max_replicas")
+    if clean.get("spec_lookup_min", 1) > clean.get("spec_lookup_max", 16):
+        raise InvalidParamError("spec_lookup_min", "must not exceed spec_lookup_max")
     return clean
 
 

@@ -68,7 +68,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self._to_abort: set[str] = set()
         self.num_steps = 0
-        self.speculation = Speculation()  # n-gram guesses and their counts (EngineConfig.num_speculative_tokens)
+        self.speculation = Speculation(proposer=executor.proposer)  # EngineConfig.num_speculative_tokens
         self.last_batch = SchedulerOutput()  # what the latest step ran, for stats and benchmarks
         self.replica_id = 0  # which replica this engine is, for its step records
         # What the latest steps ran (engine/step_record.py); None: not recorded (a headless simulation).
@@ -389,6 +389,9 @@ class LLMEngine:
             raise InvalidParamError(min(unknown), "needs a rebuilt replica, not a change in place")
         self.config = self.config.replace(**changes)
         self.scheduler.config = self.config
+        if "num_speculative_tokens" in changes:  # guesses made for the old count are not checked
+            for seq in self.scheduler.running:
+                seq.spec_token_ids = ()
         if "prefix_caching" in changes and isinstance(self.kv, BlockManager):
             self.kv.enable_prefix_caching = self.config.prefix_caching
 

@@ -17,8 +17,9 @@ counter stops before it, and the next step writes that slot again.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from collections.abc import Sequence as Ids
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.config import EngineConfig
 from engine.sequence import FinishReason, Sequence, needs_processing, stop_reason
@@ -45,6 +46,16 @@ def propose(token_ids: Ids[int], k: int, lookup_min: int, lookup_max: int) -> li
     return []
 
 
+# What makes a decode's guesses: (the sequence, how many at most, lookup_min, lookup_max) -> its
+# guesses. The live engine looks them up in the text (ngram); a what-if replica guesses blindly
+# and its cost model draws how many stand (engine/sim/runner.py).
+Proposer = Callable[[Sequence, int, int, int], list[int]]
+
+
+def ngram(seq: Sequence, k: int, lookup_min: int, lookup_max: int) -> list[int]:
+    return propose(seq.token_ids, k, lookup_min, lookup_max)
+
+
 @dataclass
 class Speculation:
     """An engine's guessing: made after each step for the running decodes, and counted as the
@@ -53,16 +64,18 @@ class Speculation:
     checks: int = 0  # verify passes: one per speculating decode per step
     proposed: int = 0  # guesses checked
     accepted: int = 0  # guesses the model agreed with
+    proposer: Proposer = field(default=ngram)
 
     def guess(self, running: list[Sequence], config: EngineConfig, max_model_len: int) -> None:
         """Each running decode that may speculate gets its guesses for the next step: as many as
         it may still output past the next token, within the context."""
         k, lo, hi = config.num_speculative_tokens, config.spec_lookup_min, config.spec_lookup_max
+        proposer = self.proposer
         for seq in running:
             if seq.num_computed_tokens != seq.num_tokens - 1 or not may_speculate(seq):
                 continue
             room = min(k, seq.max_output - len(seq.output_token_ids) - 1, max_model_len - seq.num_tokens)
-            seq.spec_token_ids = tuple(propose(seq.token_ids, room, lo, hi)) if room > 0 else ()
+            seq.spec_token_ids = tuple(proposer(seq, room, lo, hi)) if room > 0 else ()
 
     def land(self, seq: Sequence, tokens: list[int], now: float) -> FinishReason | None:
         """A verify pass's tokens (the accepted guesses, then the model's own) join seq's output,

@@ -47,6 +47,7 @@ def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, devi
             f"{clean['model']} cannot run live here: only {LIVE_MODEL} fits this machine, so the live "
             f"engine stays on {LIVE_MODEL} (choose the simulated executor to run it)",
         )
+    check_speculation(clean, merged)
     tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
     pp = int(merged.get("pipeline_parallel", 1))
     what = "CUDA GPUs" if device.startswith("cuda") else "CPU cores"
@@ -73,4 +74,17 @@ def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, devi
         raise InvalidParamError(
             "min_replicas",
             f"{merged['min_replicas']} replica(s) of {per_replica} device(s) need more than gpu_count ({count}) devices",
+        )
+
+
+def check_speculation(clean: dict[str, Any], merged: dict[str, Any]) -> None:
+    """Speculative decoding's window, and what it runs on (EngineConfig's own rule, said before
+    anything is applied): InvalidParamError naming the lever just moved."""
+    if int(merged["spec_lookup_min"]) > int(merged["spec_lookup_max"]):
+        key = "spec_lookup_min" if "spec_lookup_min" in clean else "spec_lookup_max"
+        raise InvalidParamError(key, "the shortest match must not exceed the longest (spec_lookup_min <= spec_lookup_max)")
+    if int(merged["num_speculative_tokens"]) and (not merged["paged"] or int(merged.get("pipeline_parallel", 1)) > 1):
+        key = next((k for k in ("num_speculative_tokens", "paged", "pipeline_parallel") if k in clean), "num_speculative_tokens")
+        raise InvalidParamError(
+            key, "speculative decoding runs on the paged scheduler with one pipeline stage: turn it off first, or keep them"
         )

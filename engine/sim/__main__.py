@@ -85,6 +85,11 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--host-profile", choices=HOST_PROFILES, default="default",
                    help="the engine's host work per step (engine/sim/host_profiles.py): default, a fixed overhead; "
                         "python-2024 serial, vllm-0.6-multistep, overlapped: Vidur's measured costs by batch and TP")
+    r.add_argument("--num-speculative-tokens", type=int, default=0,
+                   help="speculative decoding: guesses each decode checks per step (0: off; vLLM's "
+                        "num_speculative_tokens)")
+    r.add_argument("--spec-acceptance", type=float, default=SimSpec.spec_acceptance,
+                   help="the chance a guess stands once those before it did: what the drafter achieves on the traffic")
     r.add_argument("--paged", type=_bool, default=True, help="false: static batches, contiguous max-length KV")
     r.add_argument("--block-size", type=int, default=SimSpec.block_size, help="KV block size in tokens")
     r.add_argument("--prefill-gpus", type=int, default=None, help="with --decode-gpus: disaggregated pools")
@@ -145,7 +150,7 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         prefix_aware_routing=args.prefix_aware_routing,
         seed=args.seed, admission=args.admission, kv_watermark=args.kv_watermark, prefix_caching=args.prefix_caching, paged=args.paged,
         prefill_first=args.prefill_first, scheduler_steps=args.scheduler_steps, central_queue=args.central_queue,
-        host_profile=args.host_profile,
+        host_profile=args.host_profile, spec_tokens=args.num_speculative_tokens, spec_acceptance=args.spec_acceptance,
         block_size=args.block_size, queue_cap=args.queue_cap, deadline_s=args.deadline_s,
         kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
         autoscale=args.autoscale, min_replicas=args.min_replicas, max_replicas=args.max_replicas,

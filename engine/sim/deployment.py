@@ -34,6 +34,9 @@ class Deployment:
     kv_dtype: str = "bf16"
     pp: int = 1
     host: str = "default"  # the engine's host profile (engine/sim/host_profiles.py)
+    # Speculative decoding's chance that a guess stands, given those before it did: what the drafter
+    # achieves on this traffic (used only where the engine speculates: num_speculative_tokens).
+    spec_acceptance: float = 0.0
 
     def __post_init__(self) -> None:
         m, d = self.model, self.device
@@ -41,6 +44,8 @@ class Deployment:
             raise SimConfigError(f"dtype {self.dtype!r}: choose one of {', '.join(WEIGHT_DTYPES)}")
         if self.host not in HOST_PROFILES:
             raise SimConfigError(f"host profile {self.host!r}: choose one of {', '.join(HOST_PROFILES)}")
+        if not 0 <= self.spec_acceptance <= 1:
+            raise SimConfigError(f"spec acceptance {self.spec_acceptance:g} must be from 0 to 1")
         if self.kv_dtype not in KV_DTYPES:
             raise SimConfigError(f"kv dtype {self.kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
         if not d.supports(self.dtype):

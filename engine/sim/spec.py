@@ -33,7 +33,7 @@ LEVER_FIELDS: dict[str, str] = {
     "max_replicas": "max_replicas", "warm_pool": "warm_pool", "provision_delay_s": "provision_delay_s",
     "system_prompt_tokens": "system_prompt_tokens", "system_prompt_share": "system_prompt_share",
     "prefix_aware_routing": "prefix_aware_routing", "conversation_turns": "conversation_turns",
-    "host_profile": "host_profile",
+    "host_profile": "host_profile", "num_speculative_tokens": "spec_tokens", "spec_acceptance": "spec_acceptance",
 }  # fmt: skip
 
 
@@ -96,6 +96,10 @@ class SimSpec:
     # The engine's host work per step, by generation (engine/sim/host_profiles.py): "default" is the
     # cost model's fixed step overhead; the others are Vidur's measured stages, serial or hidden.
     host_profile: str = "default"
+    # Speculative decoding (EngineConfig.num_speculative_tokens): guesses a decode checks a step, and
+    # the chance each stands once those before it did (Deployment.spec_acceptance).
+    spec_tokens: int = 0
+    spec_acceptance: float = 0.6
     prefix_caching: bool = False  # random prompts share no prefix; hashing them only costs time
     paged: bool = True  # False: static batches over contiguous max-length KV slabs (EngineConfig.paged)
     block_size: int = 16  # KV block size in tokens (EngineConfig.block_size)
@@ -177,7 +181,15 @@ class SimSpec:
             raise SimConfigError(f"--conversation-turns {self.conversation_turns} must be at least 1")
         if self.front_on_device:
             device = device.with_front()
-        dep = Deployment(model, device, self.tp, self.dtype, self.kv_dtype, self.pp, self.host_profile)
+        if self.spec_tokens < 0:
+            raise SimConfigError("--num-speculative-tokens must not be negative")
+        if self.spec_tokens and (not self.paged or self.pp > 1 or self.scheduler_steps > 1):
+            raise SimConfigError(
+                "--num-speculative-tokens speculates on the paged scheduler, one pipeline stage, one scheduler step"
+            )
+        dep = Deployment(
+            model, device, self.tp, self.dtype, self.kv_dtype, self.pp, self.host_profile, self.spec_acceptance
+        )
         if self.gpus % self.group:
             raise SimConfigError(f"--gpus {self.gpus} is not a whole number of {self.shape_name} replicas")
         if (self.prefill_gpus is None) != (self.decode_gpus is None):
@@ -207,6 +219,7 @@ class SimSpec:
             prefix_caching=self.prefix_caching, admission=self.admission, kv_watermark=self.kv_watermark, seed=self.seed,
             paged=self.paged, block_size=self.block_size, kv_budget_mb=self.kv_budget_mb,
             prefill_first=self.prefill_first, scheduler_steps=self.scheduler_steps,
+            num_speculative_tokens=self.spec_tokens,
         )
 
     def conversations(self, dep: Deployment) -> ListConversations | None:

@@ -40,6 +40,9 @@ REMOTE_FLAGS = {
         "chunked_prefill": "--enable-chunked-prefill",
         "kv_budget_mb": "--gpu-memory-utilization",
         "kv_dtype": "--kv-cache-dtype",
+        "num_speculative_tokens": "--speculative-config's num_speculative_tokens, with method ngram",
+        "spec_lookup_max": "--speculative-config's prompt_lookup_max",
+        "spec_lookup_min": "--speculative-config's prompt_lookup_min",
     },
     "SGLang": {
         "model": "--model-path",
@@ -52,6 +55,7 @@ REMOTE_FLAGS = {
         "prefix_caching": "--disable-radix-cache",
         "kv_budget_mb": "--mem-fraction-static",
         "kv_dtype": "--kv-cache-dtype",
+        "num_speculative_tokens": "--speculative-algorithm with --speculative-num-draft-tokens",
     },
 }
 

@@ -50,7 +50,7 @@ SIM_LEVERS = (
     "model", "device", "gpu_count", "tensor_parallel", "pipeline_parallel", "pipeline_overlap", "weight_dtype",
     "kv_dtype", "prompt_tokens", "output_tokens", "system_prompt_tokens", "system_prompt_share",
     "max_num_seqs", "max_batched_tokens", "prefix_caching", "prefill_gpus", "decode_gpus", "min_replicas",
-    "max_replicas", "warm_pool", "provision_delay_s",
+    "max_replicas", "warm_pool", "provision_delay_s", "num_speculative_tokens", "spec_acceptance", "paged",
 )  # fmt: skip
 
 
@@ -81,6 +81,8 @@ def check_sim(levers: dict[str, Any], changed: dict[str, Any]) -> tuple[SimSpec,
             keys = TP_KEYS
         elif "pipeline parallel" in reason and "layers" in reason:
             keys = ("pipeline_parallel", "model")
+        elif "speculat" in reason:
+            keys = ("num_speculative_tokens", "paged", "pipeline_parallel")
         elif "context" in reason:
             keys = ("prompt_tokens", "output_tokens", "system_prompt_tokens", "model")
         elif "prefill" in reason or "disaggregation" in reason:

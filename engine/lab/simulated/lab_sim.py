@@ -54,11 +54,11 @@ from engine.sim.workload import SimRequest
 
 PACER_HZ = SNAPSHOT_HZ  # wall ticks a second; each runs the loop up to now * sim_speed and sends one snapshot
 MAX_LAG_S = 0.5  # a slice the simulation cannot keep up with is dropped, not made up in a burst
-IN_PLACE_LEVERS = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching")
+IN_PLACE_LEVERS = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "num_speculative_tokens")
 # Levers whose change needs a new simulated fleet (the deployment or the pools change).
 REBUILD_LEVERS = (
     "model", "device", "gpu_count", "tensor_parallel", "pipeline_parallel", "pipeline_overlap", "weight_dtype",
-    "kv_dtype", "prefill_gpus", "decode_gpus", "paged", "block_size",
+    "kv_dtype", "prefill_gpus", "decode_gpus", "paged", "block_size", "spec_acceptance",
 )
 
 
@@ -123,7 +123,7 @@ class SimLab:
         return EngineConfig(
             paged=bool(lv["paged"]), block_size=int(lv["block_size"]), max_num_seqs=int(lv["max_num_seqs"]),
             max_batched_tokens=int(lv["max_batched_tokens"]), chunked_prefill=bool(lv["chunked_prefill"]),
-            prefix_caching=bool(lv["prefix_caching"]), seed=0,
+            prefix_caching=bool(lv["prefix_caching"]), num_speculative_tokens=int(lv["num_speculative_tokens"]), seed=0,
         )
 
     def _fleet(
