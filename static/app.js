@@ -39,6 +39,9 @@
     allreduce_ms: [["all-reduce ms per step", (s) => s.allreduce_ms], ["ITL p50 ms", (s) => (s.itl_p50 === null ? null : s.itl_p50 * 1000)]],
     // Prompt tokens found in the prefix cache at admission, over the snapshot's window, as a percent.
     prefix_hit_rate: [["hit rate %", (s) => (s.prefix_hit_rate == null ? null : s.prefix_hit_rate * 100)]],
+    // Speculative decoding over the window: guesses the model kept, and a speculating decode's tokens a step.
+    speculation: [["guesses kept %", (s) => (s.spec_acceptance == null ? null : s.spec_acceptance * 100)],
+                  ["tokens per step x 10", (s) => (s.spec_tokens_per_step == null ? null : s.spec_tokens_per_step * 10), "dot"]],
     stage_idle: [0, 1, 2, 3].map((i) => ["stage " + i + " idle %", (s) => (s.stage_idle && i < s.stage_idle.length ? s.stage_idle[i] * 100 : null)]),
     scaling: [["scale changes", (s) => s.scale_changes_total], ["replicas ordered", (s) => s.replicas_ordered_total],
               ["streams cut mid-stream", (s) => s.streams_cut_mid_stream]],

@@ -40,9 +40,15 @@ def test_streamed_guesses_make_the_same_text_in_fewer_chunks(server: ServerProce
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
     assert len([t for t in texts if t]) < whole.usage.completion_tokens  # some chunks carried several tokens
 
-    def counted() -> float:
+    def counted(name: str = "vllm:generation_tokens_total") -> float:
         _, body = server.request("GET", "/metrics")
-        lines = [line for line in body.decode().splitlines() if line.startswith("vllm:generation_tokens_total")]
+        lines = [line for line in body.decode().splitlines() if line.startswith(name)]
         return float(lines[0].rsplit(" ", 1)[1]) if lines else -1.0
 
     assert wait_for(lambda: counted() == 2 * whole.usage.completion_tokens)  # the metrics bus counts every token
+    # vLLM's speculative counters: some checks, guesses kept among those checked, and each check
+    # made one token more than the guesses it kept (the model's own).
+    checks, drafts = counted("vllm:spec_decode_num_drafts_total"), counted("vllm:spec_decode_num_draft_tokens_total")
+    kept = counted("vllm:spec_decode_num_accepted_tokens_total")
+    assert checks > 0 and 0 < kept <= drafts
+    assert checks + kept <= 2 * whole.usage.completion_tokens

@@ -139,3 +139,17 @@ def test_the_simulated_lab_moves_it_in_place_and_rebuilds_for_a_new_acceptance()
     assert sum(s["spec_checks"] for s in stats) > 100
     accepted = sum(s["spec_accepted_tokens"] for s in stats) / sum(s["spec_draft_tokens"] for s in stats)
     assert 0.3 < accepted < 0.6  # each guess stands at 0.6 once those before it did
+    snap = lab._latest  # the live stream's snapshot: the same shares over its window
+    assert snap is not None and snap.spec_acceptance is not None and snap.spec_tokens_per_step is not None
+    assert 0.3 < snap.spec_acceptance < 0.6 and 1.8 < snap.spec_tokens_per_step < 2.8  # 2.31 expected at k = 4
+    text = lab.fleet.metrics_text()
+    drafts = next(line for line in text.splitlines() if line.startswith("vllm:spec_decode_num_draft_tokens_total"))
+    assert int(drafts.split()[-1]) == sum(s["spec_draft_tokens"] for s in stats)
+    assert "vllm:spec_decode_num_accepted_tokens_total" in text and "vllm:spec_decode_num_drafts_total" in text
+
+
+def test_nothing_speculated_reads_as_no_figure_not_zero() -> None:
+    lab = SimLab(EIGHT_B, lambda snap: None)
+    lab.start_traffic()
+    lab.loop.run(until=lab.clock.now() + 5.0)
+    assert lab._latest is not None and lab._latest.spec_acceptance is None and lab._latest.spec_tokens_per_step is None

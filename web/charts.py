@@ -16,6 +16,7 @@ CHARTS = {  # the live charts a lesson may name, with the title a page gives eac
     "batch_size": "Batch size / slots",
     "allreduce_ms": "Tensor parallel: all-reduce time per step (ms)",
     "prefix_hit_rate": "Prefix-cache hit rate (% of prompt tokens)",
+    "speculation": "Speculative decoding: guesses kept (%) and tokens per step",
     "stage_idle": "Pipeline stages: each stage's idle share, the bubble (%)",
     "scaling": "Autoscaler: scale changes, replicas ordered, streams cut (totals)",
     # Drawn by static/traces.js from the `trace` event, not from the metrics snapshot.

@@ -51,6 +51,12 @@ METRICS: dict[str, Metric] = {
         Metric("prefix_hit_rate", "prefix hit rate", f"the share of prompt tokens, over the last {WINDOW_S:g} s, "
                "found already in the KV cache when the request was admitted, counted in whole blocks (vLLM's "
                "prefix_cache_hits over prefix_cache_queries)", _names("prefix hit rate", "prefix-cache hit rate")),
+        Metric("spec_acceptance", "acceptance rate", f"speculative decoding: the share of guesses, over the last "
+               f"{WINDOW_S:g} s, that the model's own pass agreed with (vLLM's spec_decode_num_accepted_tokens over "
+               "spec_decode_num_draft_tokens)", _names("acceptance rate")),
+        Metric("spec_tokens_per_step", "tokens per step", "speculative decoding: the tokens a speculating decode "
+               "made per step, the guesses kept plus the model's own (1 with no guess kept)",
+               _names("tokens per verify step")),
     )
 }  # fmt: skip
 

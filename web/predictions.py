@@ -35,6 +35,8 @@ PREDICT_METRICS = {
     "wasted_tokens_per_s": "wasted tokens/s",
     "replicas_ordered_total": "replicas ordered (total)",
     "prefix_hit_rate": "prefix-cache hit rate (share of prompt tokens found cached)",
+    "spec_acceptance": "speculative guesses kept (share of guesses checked)",
+    "spec_tokens_per_step": "tokens per step of a speculating decode",
 }
 SETTLE_S_DEFAULT = 20.0
 SETTLE_S_RANGE = (5.0, 300.0)

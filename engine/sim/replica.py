@@ -108,7 +108,8 @@ class SimReplica:
         return ReplicaStats(
             running=len(e.scheduler.running), waiting=len(e.scheduler.waiting), kv_used_blocks=e.kv.num_used_blocks,
             kv_total_blocks=e.kv.num_blocks, max_num_seqs=e.config.max_num_seqs,
-            num_preemptions=e.scheduler.num_preemptions,
+            num_preemptions=e.scheduler.num_preemptions, spec_checks=e.speculation.checks,
+            spec_draft_tokens=e.speculation.proposed, spec_accepted_tokens=e.speculation.accepted,
         )
 
     # commands ---------------------------------------------------------------------------------

@@ -106,6 +106,10 @@ def replica_figures(
     stages = [r.stage_idle_share(ran_s) for r in replicas if isinstance(r, PipelinedSimReplica)]
     # Pipeline stages: each stage's idle share of the run, averaged over the replicas (the bubble).
     extra = {"stage_idle_share": [sum(column) / len(column) for column in zip(*stages)]} if stages else {}
+    checks = sum(r.engine.speculation.checks for r in replicas)
+    if checks:  # speculative decoding: the share of guesses kept, and tokens per verify step (as live)
+        drafts, kept = (sum(getattr(r.engine.speculation, k) for r in replicas) for k in ("proposed", "accepted"))
+        extra |= {"spec_acceptance": kept / drafts if drafts else 0.0, "spec_tokens_per_step": 1 + kept / checks}
     front = replicas if front is None else front
     queries = sum(r.engine.kv.prefix_queries for r in front)
     return extra | {

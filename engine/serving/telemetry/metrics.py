@@ -27,7 +27,14 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 # Per-replica running totals. num_expired: requests a replica dropped at their deadline (counted
 # with the router's own as rejected "deadline"); expired_prefill_tokens: prompt tokens it
 # prefilled for requests already past it (the deadline_recheck row of /failures).
-COUNTERS = ("num_preemptions", "prefix_cache_queries", "prefix_cache_hits", "num_expired", "expired_prefill_tokens")
+# spec_*: speculative decoding's verify passes, guesses checked and guesses kept (vLLM's
+# spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens).
+COUNTERS = (
+    "num_preemptions", "prefix_cache_queries", "prefix_cache_hits", "num_expired", "expired_prefill_tokens",
+    "spec_checks", "spec_draft_tokens", "spec_accepted_tokens",
+)  # fmt: skip
+PREFIX_COUNTERS = ("prefix_cache_queries", "prefix_cache_hits")
+SPEC_COUNTERS = ("spec_checks", "spec_draft_tokens", "spec_accepted_tokens")
 WINDOW_S = 30.0  # sliding window for the live percentiles and rates
 # The newest samples a window's percentiles are read from, at most: a snapshot sorts them, and a
 # simulated 64-GPU fleet makes 25,000 token gaps a second (750,000 in a window: 0.2 s a sort).
@@ -54,6 +61,25 @@ class Histogram:
             out.append(f'{name}_bucket{{{label},le="{bound}"}} {cumulative}')
         out.append(f'{name}_bucket{{{label},le="+Inf"}} {self.count}')
         return out + [f"{name}_sum{{{label}}} {self.total}", f"{name}_count{{{label}}} {self.count}"]
+
+
+class CounterWindow:
+    """Some running totals as they changed, so that what they grew by over the last WINDOW_S can
+    be read (a windowed ratio of two counters: the prefix hit rate, speculation's acceptance)."""
+
+    def __init__(self, now: float, width: int) -> None:
+        self._points: deque[tuple[float, tuple[int, ...]]] = deque([(now, (0,) * width)])
+
+    def note(self, now: float, totals: tuple[int, ...]) -> None:
+        if totals != self._points[-1][1]:
+            self._points.append((now, totals))
+
+    def growth(self, now: float) -> tuple[int, ...]:
+        """Each total's growth over the window: the newest against the last from before it began."""
+        points = self._points
+        while len(points) > 1 and now - points[1][0] > WINDOW_S:
+            points.popleft()
+        return tuple(b - a for a, b in zip(points[0][1], points[-1][1]))
 
 
 class MetricsBus:
@@ -85,8 +111,8 @@ class MetricsBus:
         self._recent_queue: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
         self._recent_tokens: deque[tuple[float, int]] = deque()
         self._retired = dict.fromkeys(COUNTERS, 0)  # counters only grow: keep what retired replicas did
-        # (time, fleet prefix-cache queries, hits) when they changed, for the windowed hit rate.
-        self._prefix_totals: deque[tuple[float, int, int]] = deque([(clock.now(), 0, 0)])
+        self._prefix_totals = CounterWindow(clock.now(), len(PREFIX_COUNTERS))  # the windowed hit rate
+        self._spec_totals = CounterWindow(clock.now(), len(SPEC_COUNTERS))  # speculation's, windowed
         self._lock = threading.Lock()
 
     def observe(self, msg: StepMessage) -> None:
@@ -98,7 +124,7 @@ class MetricsBus:
                 if preempted > 0:
                     self.events.emit("preempted", f"replica {msg.replica_id} preempted {preempted} request(s)")
                 self.replica_stats[msg.replica_id] = msg.stats
-                self._note_prefix_totals(msg.time)
+                self._note_totals(msg.time)
             produced = sum(len(d.token_ids) for d in msg.deltas)
             self.generation_tokens += produced
             if produced:
@@ -164,20 +190,24 @@ class MetricsBus:
             for key in COUNTERS:  # ReplicaStats fields
                 self._retired[key] += getattr(last, key)
 
-    def _note_prefix_totals(self, now: float) -> None:
+    def _note_totals(self, now: float) -> None:
         stats = list(self.replica_stats.values())
-        totals = (self._counter(stats, "prefix_cache_queries"), self._counter(stats, "prefix_cache_hits"))
-        if totals != self._prefix_totals[-1][1:]:
-            self._prefix_totals.append((now, *totals))
+        self._prefix_totals.note(now, tuple(self._counter(stats, key) for key in PREFIX_COUNTERS))
+        self._spec_totals.note(now, tuple(self._counter(stats, key) for key in SPEC_COUNTERS))
 
     def _prefix_hit_rate(self, now: float) -> float:
-        """Hits / queries (prompt tokens) over the window: the newest totals against the last
-        ones from before the window began; 0 when nothing was looked up."""
-        totals = self._prefix_totals
-        while len(totals) > 1 and now - totals[1][0] > WINDOW_S:
-            totals.popleft()
-        queries = totals[-1][1] - totals[0][1]
-        return (totals[-1][2] - totals[0][2]) / queries if queries > 0 else 0.0
+        """Hits / queries (prompt tokens) over the window; 0 when nothing was looked up."""
+        queries, hits = self._prefix_totals.growth(now)
+        return hits / queries if queries > 0 else 0.0
+
+    def spec_fields(self, now: float) -> dict[str, float | None]:
+        """Speculative decoding over the window: the share of guesses the model kept, and the
+        tokens a speculating decode made per step (1 + kept guesses a check); None without checks."""
+        checks, drafts, accepted = self._spec_totals.growth(now)
+        return {
+            "spec_acceptance": accepted / drafts if drafts else None,
+            "spec_tokens_per_step": 1 + accepted / checks if checks else None,
+        }
 
     def failure_metrics(self, now: float, ttft: list[float], stats: list[ReplicaStats]) -> dict[str, float]:
         """The /failures gallery's keys of the queue, router and scheduler rows (issue 15's part B);
@@ -256,6 +286,7 @@ class MetricsBus:
                 max_num_seqs=sum(s.max_num_seqs for s in stats),
                 **self.wasted_fields(now),
                 **self.failure_metrics(now, ttft, stats),
+                **self.spec_fields(now),
             )
 
     def prometheus_text(
@@ -280,6 +311,8 @@ class MetricsBus:
             stats = list(self.replica_stats.values())
             lines.append(f"vllm:prefix_cache_queries_total{{{label}}} {self._counter(stats, 'prefix_cache_queries')}")
             lines.append(f"vllm:prefix_cache_hits_total{{{label}}} {self._counter(stats, 'prefix_cache_hits')}")
+            for name, key in zip(("num_drafts", "num_draft_tokens", "num_accepted_tokens"), SPEC_COUNTERS):
+                lines.append(f"vllm:spec_decode_{name}_total{{{label}}} {self._counter(stats, key)}")
             for name, histogram in self.histograms.items():
                 lines += histogram.lines(f"vllm:{name}", label)
             for name, histogram in self.servelab_histograms.items():

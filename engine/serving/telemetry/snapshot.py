@@ -42,6 +42,10 @@ class FleetSnapshot:
     ttft_max: float = 0.0
     ttft_p999: float = 0.0
     prefix_hit_rate: float = 0.0
+    # Speculative decoding over the window: the share of guesses kept, and a speculating decode's
+    # tokens per step (1 + kept guesses a check); None while nothing speculated.
+    spec_acceptance: float | None = None
+    spec_tokens_per_step: float | None = None
     # The fleet's own (provisioning.SCALE_COUNTERS and the router's), running totals.
     streams_cut_mid_stream: int = 0
     scale_changes_total: int = 0
