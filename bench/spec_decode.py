@@ -16,25 +16,13 @@ import sys
 from engine import LLM, SamplingParams
 from engine.launch.served import SERVED_LEVERS
 from engine.llm import GenerationOutput
-
-# Paragraphs to edit: the answer quotes most of each, so the guesses come true where it does.
-PARAGRAPHS = [
-    ("The city council met on Tuesday evening to discuss the new bus routes. Residents asked for more "
-    "stops near the hospital and the school, and the council agreed to study the costs before the "
-    "next meeting in March."),
-    ("Our team finished the quarterly report a week early. Sales grew in every region except the north, "
-    "where a late shipment delayed two large orders. We expect those orders to arrive next month."),
-    ("To reset the router, unplug it for thirty seconds, plug it back in, and wait until the green light "
-    "stops blinking. If the light stays red, call the support line and give them the serial number."),
-    ("The museum will open a new wing in the spring. It will show paintings from the last century, a "
-    "room of old maps, and a hall of instruments that visitors are allowed to play."),
-]
+from engine.serving.load.text_prompts import PARAGRAPHS
 
 
 def prompts(n: int) -> list[str]:
     return [
         "Fix the spelling in this paragraph and write it out again in full.\n\nParagraph: "
-        f"{PARAGRAPHS[i % len(PARAGRAPHS)]}\n\nFixed paragraph:"
+        f"{PARAGRAPHS[i % 4]}\n\nFixed paragraph:"  # the four BENCHMARKS measured
         for i in range(n)
     ]
 

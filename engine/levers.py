@@ -79,6 +79,9 @@ LEVERS: dict[str, Lever] = {
         Lever("system_prompt_tokens", int, 0, "Shared system prompt", "tokens", 0, 32768, apply="load"),
         Lever("system_prompt_share", float, 1.0, "Requests carrying it", "", 0, 1, apply="load"),
         Lever("conversation_turns", int, 1, "Turns per conversation", "", 1, 16, apply="load"),
+        # What the prompts say (engine/serving/load/text_prompts.py): random ids; a text to write out
+        # again, whose answer quotes it (editing); or a story to write, new text.
+        Lever("prompt_style", str, "random", "Prompts", choices=("random", "quote", "write"), apply="load"),
         Lever("model", str, MODELS[0], "Model", choices=MODELS, apply="rebuild"),
         Lever("gpu_count", int, 1, "Devices", "", 1, 512),  # the device budget the autoscaler scales within
         Lever("ttft_target_ms", int, 1000, "TTFT target (p99)", "ms", 10, 60000),

@@ -95,3 +95,31 @@ def test_requests_that_need_each_tokens_logits_do_not_speculate(llm: LLM) -> Non
         guessed = generate(llm, [QUOTE], params, 4)[0][0]
         assert guessed.token_ids == plain.token_ids
         assert spec.checks == checks
+
+
+def test_the_labs_quoting_prompts_hand_the_guesses_most_tokens_and_stories_far_fewer(llm: LLM) -> None:
+    """prompt_style quote and write (engine/serving/load/text_prompts.py): the share of output
+    tokens that were guesses the model kept."""
+    import random
+
+    from engine.serving.load.text_prompts import TextPrompts
+
+    engine, rng = llm.engine, random.Random(0)
+    assert engine.tokenizer is not None
+    texts = TextPrompts(engine.tokenizer.encode)
+    quoting = [texts.quote(rng, 120) for _ in range(3)]
+    assert all(len(ids) == 120 for ids in quoting)
+    stories = [texts.write(rng, 120) for _ in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+
+    def guessed_share(prompts: list[list[int]]) -> float:
+        accepted = engine.speculation.accepted
+        engine.reconfigure(num_speculative_tokens=4)
+        try:
+            outputs = llm.generate(list(prompts), params)
+        finally:
+            engine.reconfigure(num_speculative_tokens=0)
+        return (engine.speculation.accepted - accepted) / sum(len(o.token_ids) for o in outputs)
+
+    quoted, written = guessed_share(quoting), guessed_share(stories)
+    assert quoted > 0.5 and written < quoted - 0.2, (quoted, written)

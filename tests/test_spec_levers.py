@@ -153,3 +153,11 @@ def test_nothing_speculated_reads_as_no_figure_not_zero() -> None:
     lab.start_traffic()
     lab.loop.run(until=lab.clock.now() + 5.0)
     assert lab._latest is not None and lab._latest.spec_acceptance is None and lab._latest.spec_tokens_per_step is None
+
+
+def test_a_remote_lab_says_why_it_cannot_send_prompts_in_words() -> None:
+    from engine.lab.remote.remote_levers import belongs_to_remote
+
+    assert "tokenizer" in belongs_to_remote("prompt_style", "vLLM")
+    assert "belongs to the remote server" in belongs_to_remote("num_speculative_tokens", "vLLM")
+    assert "ngram" in belongs_to_remote("num_speculative_tokens", "vLLM")

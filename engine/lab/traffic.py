@@ -31,6 +31,7 @@ from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.load.loadgen import VOCAB, LoadRequest, RouterTarget, Target, arrival_gap, draw_length
 from engine.serving.load.loadgen_metrics import RequestRecord
 from engine.serving.load.prompt_mix import Conversations, PromptMix, SystemPrompts, next_turn
+from engine.serving.load.text_prompts import TextPrompts
 from engine.serving.routing.router import Router
 
 # The lab's traffic is a mix, as a real service's is: every BATCH_EVERY-th request is a batch
@@ -70,9 +71,11 @@ class TrafficDriver:
         seed: int = 0,
         driver: Driver | None = None,
         context: Callable[[], int | None] | None = None,
+        texts: Callable[[], TextPrompts] | None = None,
     ) -> None:
         """context: the server's context window, where known (a conversation that would outgrow it
-        starts anew); by default the router's."""
+        starts anew); by default the router's. texts: makes the prompts in words (`prompt_style`
+        quote and write) with the served model's tokenizer; None where there is none to use."""
         # No router: a remote backend's lab (issue 17), which connect()s before it sends.
         self._target: Target | None = None if router is None else RouterTarget(router, api_key)
         self._context = context or (lambda: None if router is None else router.config.max_model_len)
@@ -95,6 +98,8 @@ class TrafficDriver:
         self._run = 0  # the current run of arrivals; stop() and start() move it on
         self._sending = False
         self._run_id = uuid.uuid4().hex[:6]
+        self._make_texts = texts
+        self._texts: TextPrompts | None = None
 
     @property
     def refused(self) -> int:
@@ -185,7 +190,13 @@ class TrafficDriver:
         room = None if context is None else context - out_mean * 3 // 2  # the longest answer drawn
         turn = next_turn(PromptMix.from_levers(levers), self.rng, self.conversations, room)
         n_out = draw_length(self.rng, out_mean, 0.5)
-        own = [self.rng.randrange(*VOCAB) for _ in range(turn.own_len)]
+        style = levers.get("prompt_style", "random")
+        if style == "quote":
+            own = self.text_prompts().quote(self.rng, turn.own_len)
+        elif style == "write":
+            own = self.text_prompts().write(self.rng, turn.own_len)
+        else:
+            own = [self.rng.randrange(*VOCAB) for _ in range(turn.own_len)]
         request = LoadRequest(
             f"flood-{self._run_id}-{self.sent}",
             list(turn.build(own, self.system_prompts.ids)),
@@ -195,6 +206,14 @@ class TrafficDriver:
         )
         self.sent += 1
         return request
+
+    def text_prompts(self) -> TextPrompts:
+        """The prompts in words, encoded at the first ask; RuntimeError without a tokenizer."""
+        if self._texts is None:
+            if self._make_texts is None:
+                raise RuntimeError("prompts in words need the served model's tokenizer, and this lab has none")
+            self._texts = self._make_texts()
+        return self._texts
 
     def _book(self, run: int, since: float) -> None:
         """Book run's next step on the driver: the next arrival one gap after `since` (the clock's

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.config import IN_PLACE_FIELDS, EngineConfig
-from engine.errors import ServingError
+from engine.errors import InvalidParamError, ServingError
 from engine.lab.envelope import MB, Facts, bottlenecks, envelope
 from engine.lab.facade import BackgroundWork, Executor, LabState, LabStatus, LeverChange, RankHangAnswer, announce
 from engine.lab.flood import FloodLimits, FloodState, flood, flood_state
@@ -40,6 +40,7 @@ from engine.lab.simulated.lab_check import check_sim, model_label
 from engine.lab.simulated.lab_sim import SimLab
 from engine.lab.traffic import TrafficDriver
 from engine.levers import LEVERS, ROUTER_LEVERS, validate_levers
+from engine.serving.load.text_prompts import TextPrompts
 from engine.serving.replicas.replica_api import SERVING
 from engine.serving.routing.defences import Defences
 from engine.serving.scaling.autoscaler import LEVERS as AUTOSCALER_LEVERS
@@ -83,7 +84,10 @@ class LiveLab:
         self.status = LabStatus.STARTING
         self._lock = threading.RLock()
         api_key = (fleet.router.config.api_keys or [None])[0]  # flood traffic passes the key check
-        self.traffic = TrafficDriver(fleet.router, lambda: self.levers, api_key=api_key or "flood")
+        self.traffic = TrafficDriver(
+            fleet.router, lambda: self.levers, api_key=api_key or "flood",
+            texts=lambda: TextPrompts(fleet.tokenizer.encode),
+        )  # fmt: skip
         self.autoscaler = Autoscaler(fleet, AutoscalerConfig.from_levers(self._scaling()))
         self.autoscaler.start()
         self.hangs = RankHang(lambda: fleet.replicas, fleet.events)  # the failure gallery's stopped rank
@@ -142,6 +146,11 @@ class LiveLab:
                     self.sim_levers[key] = self.levers[key] = clean.pop(key)
             merged = self.levers | clean
             check_live(clean, merged, self.devices, self.fleet.engine_config.device)
+            if clean.get("prompt_style", "random") != "random":
+                try:
+                    self.traffic.text_prompts()
+                except RuntimeError as err:
+                    raise InvalidParamError("prompt_style", str(err)) from None
             changed = {k: v for k, v in clean.items() if self.levers[k] != v}
             rebuild = [k for k in changed if k in REBUILD_LEVERS]
             if rebuild and self.status == LabStatus.REBUILDING:

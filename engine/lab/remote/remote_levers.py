@@ -60,8 +60,17 @@ REMOTE_FLAGS = {
 }
 
 
+# Levers of the lab's own traffic that a remote lab cannot honour, and why.
+NOT_REMOTE = {
+    "prompt_style": "prompts in words are encoded with the served model's tokenizer, and a remote lab has none "
+    "of its own: the remote lab's clients send random token ids",
+}
+
+
 def belongs_to_remote(key: str, flavour: str) -> str:
     """Why set_levers refuses `key`, and where the remote sets it."""
+    if key in NOT_REMOTE:
+        return NOT_REMOTE[key]
     flag = REMOTE_FLAGS.get(flavour or "", {}).get(key) or (
         "--" + key.replace("_", "-") + " of `python -m engine serve`" if flavour == "ServeLab" else None
     )

@@ -134,9 +134,9 @@ class Turn:
         self, own: Sequence[int], system_ids: Callable[[int], Sequence[int]], compact: bool = False
     ) -> Sequence[int]:
         """The prompt's ids: the history (or system_ids(system_len), the system prompt) then `own`
-        (own_len ids). compact: TokenRuns over the parts, as the simulator keeps prompts; else one
+        (own_len ids, or fewer: a prompt in words has its own length, engine/serving/load/text_prompts.py). compact: TokenRuns over the parts, as the simulator keeps prompts; else one
         list, as a client sends it. The conversation remembers it as its latest prompt."""
-        assert len(own) == self.own_len
+        assert len(own) <= self.own_len
         head = list(self.history) if self.history else [system_ids(self.system_len)] if self.system_len else []
         ids: Sequence[int]
         if compact:

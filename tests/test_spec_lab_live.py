@@ -1,0 +1,65 @@
+"""Speculative decoding in the live lab: the lever reaches the running replica in place, the lab's
+quoting prompts (prompt_style: quote) give the guesses their text, and the snapshot shows it; off
+again, the checks stop and every request still completes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from app import build_lab
+from engine.errors import InvalidParamError
+from engine.lab.live.lab import LiveLab
+from tests.waiting import wait_for
+
+LEVERS = {
+    "gpu_count": 1, "min_replicas": 1, "max_replicas": 1, "kv_budget_mb": 64, "provision_delay_s": 0.0,
+    "request_rate": 0.5, "prompt_tokens": 150, "output_tokens": 40, "prompt_style": "quote",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[LiveLab]:
+    lab = build_lab(LEVERS, engine={"dtype": "float32"}, drain_timeout_s=3.0)
+    try:
+        assert wait_for(lambda: lab.fleet.ready, 240), [r.error for r in lab.fleet.replicas]
+        yield lab
+    finally:
+        lab.stop()
+        lab.fleet.stop()
+
+
+def finished(lab: LiveLab) -> int:
+    return lab.fleet.bus.histograms["e2e_request_latency_seconds"].count
+
+
+def spec_checks(lab: LiveLab) -> int:
+    return sum(r.stats.spec_checks for r in lab.fleet.replicas if r.stats is not None)
+
+
+def test_the_lever_speculates_in_place_on_quoting_traffic_and_stops_when_moved_back(lab: LiveLab) -> None:
+    change = lab.set_levers({"num_speculative_tokens": 4})
+    assert not change.rebuild and change.changed == {"num_speculative_tokens": 4}
+    lab.flood("start")
+    try:
+        assert wait_for(lambda: spec_checks(lab) >= 20, 180), spec_checks(lab)
+        snap = lab.fleet.snapshot()
+        # The answers copy their prompts: most guesses hold, a step makes several tokens.
+        assert snap.spec_acceptance is not None and snap.spec_acceptance > 0.5, snap.spec_acceptance
+        assert snap.spec_tokens_per_step is not None and snap.spec_tokens_per_step > 2.0, snap.spec_tokens_per_step
+        lab.set_levers({"num_speculative_tokens": 0})
+        stopped = spec_checks(lab)
+        done = finished(lab)
+        assert wait_for(lambda: finished(lab) >= done + 2, 120)  # requests still complete, plainly
+        assert spec_checks(lab) <= stopped + 2  # a step already under way may land its check
+    finally:
+        lab.flood("stop")
+    assert lab.traffic.counts.refused == 0 and not lab.fleet.router.rejected
+
+
+def test_speculation_with_pipeline_stages_is_refused_before_anything_changes(lab: LiveLab) -> None:
+    with pytest.raises(InvalidParamError) as err:
+        lab.set_levers({"num_speculative_tokens": 4, "pipeline_parallel": 2, "gpu_count": 2, "max_replicas": 1})
+    assert err.value.param == "num_speculative_tokens"
+    assert lab.levers["num_speculative_tokens"] == 0 and lab.levers["pipeline_parallel"] == 1
