@@ -7,7 +7,7 @@ figures are compared with the committed reference (lessons/figures.json): `--rew
 run the reference and rewrites README.md's quoted figures from it; without it the command fails
 listing every figure that moved by more than 10%.
 
-  --groups offline steps    only these groups (all by default: offline, steps, roofline, ramp, cards,
+  --groups offline steps    only these groups (all by default: offline, steps, roofline, ramp, cards, spec,
                             peers: the engine as served against vLLM-CPU and HF, README's figures)
   --background              nice 19 and SCHED_IDLE, the offline groups only: make run's first start
 
@@ -260,8 +260,33 @@ def rewrite_readme(reference: dict[str, Any], readme: Path = ROOT / "README.md")
     return missing
 
 
+def measure_spec(pairs: int = 3) -> dict[str, float]:
+    """Speculative decoding (lesson 11): bench/spec_decode.py's quoting prompts at batch 1 and 16,
+    greedy, 128 tokens each, k = 4, in the engine as served: `pairs` runs plain then speculating,
+    alternated, the medians kept (one pair moved 1.30x-1.53x at batch 1 on this noisy VM)."""
+    from bench.spec_decode import run
+
+    llm = _llm()
+    run(llm, 2, 16, 4)  # the verify pass's shapes, warmed
+    out: dict[str, float] = {}
+    for batch in (1, 16):
+        plains, specs, ratios, kept, per_step = [], [], [], [], []
+        for _ in range(pairs):
+            plain_out, plain, _, _ = run(llm, batch, 128, 0)
+            spec_out, spec, share, tokens = run(llm, batch, 128, 4)
+            assert [o.token_ids for o in spec_out] == [o.token_ids for o in plain_out], "speculation changed the text"
+            plains.append(plain), specs.append(spec), ratios.append(spec / plain)
+            kept.append(share), per_step.append(tokens)
+        median = statistics.median
+        out |= {f"spec_b{batch}_plain_tok_s": median(plains), f"spec_b{batch}_tok_s": median(specs),
+                f"spec_b{batch}_ratio": median(ratios)}  # fmt: skip
+        if batch == 1:
+            out |= {"spec_b1_kept": median(kept), "spec_b1_tokens_per_step": median(per_step)}
+    return out
+
+
 MEASURE = {"offline": measure_offline, "steps": measure_steps, "roofline": measure_roofline,
-           "ramp": measure_ramp, "cards": measure_cards, "peers": measure_peers}  # fmt: skip
+           "ramp": measure_ramp, "cards": measure_cards, "peers": measure_peers, "spec": measure_spec}  # fmt: skip
 COMMANDS = {group: f"python -m bench.figures --groups {group}" for group in GROUPS}
 
 

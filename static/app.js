@@ -27,6 +27,7 @@
     ttft: [["server p50", (s) => s.ttft_p50], ["server p99", (s) => s.ttft_p99], ["clients p50", (s) => s.client_ttft_p50, "dot"],
            ["clients p99", (s) => s.client_ttft_p99, "dot"], ["target (p99)", (s) => s.ttft_target_ms / 1000, "dash"]],
     itl: [["p50", (s) => s.itl_p50], ["p99", (s) => s.itl_p99]],
+    tpot: [["p50", (s) => s.tpot_p50], ["p99", (s) => s.tpot_p99]],
     tokens_per_s: [["tok/s", (s) => s.tokens_per_s]],
     rejected: [["queue full (429)", (s) => s.rejected.queue_full || 0], ["rate limited (429)", (s) => s.rejected.rate_limited || 0],
                ["deadline", (s) => s.rejected.deadline || 0]],

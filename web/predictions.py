@@ -23,6 +23,7 @@ PREDICT_METRICS = {
     "client_ttft_p50": "TTFT p50 at the clients' end of the stream (s)",
     "itl_p50": "ITL p50 (s)",
     "itl_p99": "ITL p99 (s)",
+    "tpot_p50": "TPOT p50 (s)",
     "queue_time_p99": "queue time p99 (s)",
     "queue_depth": "queue depth",
     "running": "running requests",

@@ -36,7 +36,7 @@ class Field:
 
     @property
     def flag(self) -> str:
-        return "--" + {"gpus": "gpus", "tp": "tp", "rate": "rate"}.get(
+        return "--" + {"gpus": "gpus", "tp": "tp", "rate": "rate", "spec_tokens": "num-speculative-tokens"}.get(
             self.spec_field, self.spec_field.replace("_", "-")
         )
 
@@ -110,6 +110,8 @@ SIDE_FIELDS = {f.key: f for f in (
     Field("prefix_caching", bool),
     Field("prefix_aware_routing", bool),
     Field("host_profile", str, choices=HOST_PROFILES),
+    Field("num_speculative_tokens", int, 0, 16),
+    Field("spec_acceptance", float, 0, 1),
     Field("kv_budget_mb", float, 1, 10_000_000),
     Field("queue_cap", int, 1, 1_000_000),
     Field("deadline_s", float, 0.1, 86400),

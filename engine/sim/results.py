@@ -56,13 +56,16 @@ class Recorder:
 
     @property
     def itl(self) -> np.ndarray:
-        """Every inter-token gap, request by request (none across two requests): float64, made
-        when asked (a ten-minute fleet's 45 million, so no copy beyond the one)."""
+        """Every gap between deliveries, request by request (none across two requests): float64,
+        made when asked (a ten-minute fleet's 45 million, so no copy beyond the one). Tokens that
+        land together (a speculating step's, a multi-step run's) are one delivery, as `vllm bench
+        serve` counts a chunk."""
         times = np.frombuffer(self.token_times, dtype=np.float64)
         if len(times) < 2:
             return np.empty(0)
         across = np.frombuffer(self.token_starts, dtype=np.int64)[1:] - 1  # a request's last -> the next's first
-        return np.delete(np.diff(times), across)
+        gaps = np.delete(np.diff(times), across)
+        return gaps if gaps.min(initial=1.0) > 0 else gaps[gaps > 0]
 
 
 def _pct(values: array | np.ndarray, p: float) -> float:

@@ -8,7 +8,7 @@ engine's recorded timestamps, never estimated, and all start at the request's on
   ttft        arrival -> first token            counted when the first token comes
   queue time  arrival -> first scheduled        (vLLM's meaning) = central queue + inside the replica
   e2e         arrival -> last token             counted when the request ends
-  itl         token -> next token"""
+  itl         one delivery of tokens -> the next (tokens landing in one step are one)"""
 
 from __future__ import annotations
 
@@ -109,6 +109,7 @@ class MetricsBus:
         self._recent_ttft: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
         self._recent_itl: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
         self._recent_queue: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)
+        self._recent_tpot: deque[tuple[float, float]] = deque(maxlen=WINDOW_SAMPLES)  # one per finished request
         self._recent_tokens: deque[tuple[float, int]] = deque()
         self._retired = dict.fromkeys(COUNTERS, 0)  # counters only grow: keep what retired replicas did
         self._prefix_totals = CounterWindow(clock.now(), len(PREFIX_COUNTERS))  # the windowed hit rate
@@ -240,9 +241,15 @@ class MetricsBus:
         self.prompt_tokens += prompt_tokens
         h = self.histograms
         h["e2e_request_latency_seconds"].observe(now - times.arrival)
+        tokens = times.tokens
+        if len(tokens) > 1:  # tpot: the request's mean time per token after its first
+            self._recent_tpot.append((now, (tokens[-1] - tokens[0]) / (len(tokens) - 1)))
+        # One gap per delivery, as vLLM's server and `vllm bench serve` count them: tokens that land
+        # together (a speculating step's kept guesses, a multi-step run) are one arrival.
         for a, b in zip(times.tokens, times.tokens[1:]):
-            h["inter_token_latency_seconds"].observe(b - a)
-            self._recent_itl.append((now, b - a))
+            if b > a:
+                h["inter_token_latency_seconds"].observe(b - a)
+                self._recent_itl.append((now, b - a))
 
     def snapshot(
         self, queue_depth: int = 0, rejected: dict[str, int] | None = None, replicas: dict[str, int] | None = None
@@ -251,13 +258,14 @@ class MetricsBus:
         replicas (by state) come from their owner, the fleet: a killed replica sends no message."""
         now = self.clock.now()
         with self._lock:
-            for window in (self._recent_ttft, self._recent_itl, self._recent_queue, self._recent_tokens):
+            for window in (self._recent_ttft, self._recent_itl, self._recent_queue, self._recent_tpot, self._recent_tokens):
                 while window and now - window[0][0] > WINDOW_S:
                     window.popleft()
             stats = list(self.replica_stats.values())
             ttft = sorted(v for _, v in self._recent_ttft)
             itl = sorted(v for _, v in self._recent_itl)
             waits = sorted(v for _, v in self._recent_queue)
+            tpot = sorted(v for _, v in self._recent_tpot)
             span = min(WINDOW_S, max(1e-3, now - self._recent_tokens[0][0])) if self._recent_tokens else 1.0
             rejected = dict(rejected or {})
             if expired := self._counter(stats, "num_expired"):  # dropped at a replica, not in the queue
@@ -273,6 +281,8 @@ class MetricsBus:
                 ttft_p99=window_percentile(ttft, 99),
                 itl_p50=window_percentile(itl, 50),
                 itl_p99=window_percentile(itl, 99),
+                tpot_p50=window_percentile(tpot, 50),
+                tpot_p99=window_percentile(tpot, 99),
                 queue_time_p50=window_percentile(waits, 50),
                 queue_time_p99=window_percentile(waits, 99),
                 tokens_per_s=sum(n for _, n in self._recent_tokens) / span,

@@ -24,6 +24,8 @@ class FleetSnapshot:
     ttft_p99: float | None = None
     itl_p50: float | None = None
     itl_p99: float | None = None
+    tpot_p50: float | None = None  # of the requests that finished in the window
+    tpot_p99: float | None = None
     queue_time_p50: float | None = None
     queue_time_p99: float | None = None
     tokens_per_s: float = 0.0
