@@ -24,6 +24,8 @@
     ["cost_per_mtok_usd", "Cost per million output tokens", (v) => "$" + fmt(v, 3), false],
     ["completed", "Completed requests", (v) => fmt(v, 0), true], ["refused", "Refused or expired", (v) => fmt(v, 0), false],
     ["prefix_hit_rate", "Prefix-cache hit rate (prompt tokens)", (v) => fmt(v * 100, 1) + "%", true],
+    ["spec_tokens_per_step", "Speculating: tokens per verify step", (v) => fmt(v, 2), true],
+    ["spec_acceptance", "Speculating: guesses kept", (v) => fmt(v * 100, 1) + "%", true],
     ["simulated_s", "Simulated seconds", (v) => fmt(v, 1), null],
   ];
   // The keys the A/B form shows at once; the rest sit under "more levers".

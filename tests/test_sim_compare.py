@@ -65,10 +65,13 @@ def test_the_table_is_the_runs_summaries_and_the_command_reproduces_them() -> No
 def test_every_quotable_key_is_a_number_of_a_run() -> None:
     """A lesson may quote RESULT_KEYS (web/lesson_checks.py refuses others): each is in a side's
     summary and row, a number."""
-    side = run_experiment(parse_experiment(small_tp()))["a"]
-    figures = side["summary"] | side["row"]
+    body = small_tp() | {"a": {"num_speculative_tokens": 4, "spec_acceptance": 0.6}}  # speculation's figures too
+    result = run_experiment(parse_experiment(body))
+    figures = result["a"]["summary"] | result["a"]["row"]
     for key in RESULT_KEYS:
         assert isinstance(figures.get(key), (int, float)) and not isinstance(figures[key], bool), key
+    plain = result["b"]["row"]
+    assert plain["spec_acceptance"] is None and plain["spec_tokens_per_step"] is None  # it did not speculate
 
 
 def test_commands_round_trip_for_every_preset() -> None:

@@ -391,3 +391,26 @@ def test_step_9_shares_a_system_prompt_and_the_hit_rate_shows_it(server: ServerP
                    " return d.length && d[d.length - 1] > 30; })()", 240)
     page.click("#traffic-stop")
     page.evaluate("window.servelab.socket.emit('set_levers', {system_prompt_tokens: 0})")
+
+
+def test_step_11_guesses_ahead_and_the_speculation_chart_shows_the_guesses_kept(
+    server: ServerProcess, page: Page
+) -> None:
+    """Step 11 (issue 43): its first card turns speculation on over quoting prompts; the page's
+    speculation chart, the engine's own counts, shows most guesses kept, and the lever is live."""
+    open_as_instructor(page, server, "/steps/11")
+    page.click("#apply-preset")  # the step's settings: quoting prompts, one stream at a time, no guessing
+    wait_for(page, "window.servelab.lab.levers.prompt_style === 'quote'", 10)
+    page.click("[data-kind=scenarios][data-scenario='0']")
+    box = page.locator(".predict-box")
+    expect(box.locator(".predict-question")).to_contain_text("Predict first:")
+    box.locator(".predict-number input").fill("0.05")
+    box.locator(".predict-number button").click()
+    expect(page.locator("#scenario-result")).to_contain_text("Watch:")
+    wait_for(page, "window.servelab.lab.levers.num_speculative_tokens === 4", 10)
+    wait_for(page, "(() => { const d = document.getElementById('chart-speculation').data[0].y;"
+                   " return d.length && d[d.length - 1] > 30; })()", 180)
+    page.click("#traffic-stop")
+    page.evaluate("window.servelab.socket.emit('set_levers', {num_speculative_tokens: 0, prompt_style: 'random'})")
+    wait_for(page, "window.servelab.lab.levers.num_speculative_tokens === 0", 10)
+    assert lab_value(page, "prompt_style") == "random"

@@ -214,7 +214,8 @@ RESULT_KEYS = (
     "output_tok_s", "output_tok_s_per_gpu", "request_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
     "itl_p99_s", "e2el_p50_s", "goodput_req_s", "goodput_share", "completed", "refused", "preemptions",
     "kv_blocks_per_replica", "kv_usage_max", "running_max", "replicas", "prefill_replicas", "steps", "gpus_used",
-    "gpu_hours", "cost_usd", "cost_per_mtok_usd", "simulated_s", "prefix_hit_rate",
+    "gpu_hours", "cost_usd", "cost_per_mtok_usd", "simulated_s", "prefix_hit_rate", "spec_acceptance",
+    "spec_tokens_per_step",
 )  # fmt: skip
 
 
@@ -235,6 +236,8 @@ def table_row(spec: SimSpec, result: dict[str, Any], gpu_hour_usd: float) -> dic
         "cost_per_mtok_usd": cost / output_tokens * 1e6 if output_tokens else None,
         "completed": result["completed"], "refused": sum(result["refused"].values()),
         "prefix_hit_rate": result["prefix_hit_rate"],
+        # Speculative decoding's (None where the side does not speculate).
+        "spec_acceptance": result.get("spec_acceptance"), "spec_tokens_per_step": result.get("spec_tokens_per_step"),
         "simulated_s": result["simulated_s"],
     }  # fmt: skip
 
