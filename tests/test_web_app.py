@@ -375,16 +375,21 @@ def test_step_3_long_prompt_is_answered_with_keys_set(server: ServerProcess, pag
         raise AssertionError(f"{exc}\nthe latest snapshot: {snapshot[:4000]}") from None
 
 
+def predict_first_card(page: Page, guess: str) -> None:
+    """Open the page's first 'Try these' card, type the number it asks for, and see what to watch."""
+    page.click("[data-kind=scenarios][data-scenario='0']")
+    box = page.locator(".predict-box")
+    expect(box.locator(".predict-question")).to_contain_text("Predict first:")
+    box.locator(".predict-number input").fill(guess)
+    box.locator(".predict-number button").click()
+    expect(page.locator("#scenario-result")).to_contain_text("Watch:")
+
+
 def test_step_9_shares_a_system_prompt_and_the_hit_rate_shows_it(server: ServerProcess, page: Page) -> None:
     """Step 9 (written in markdown alone, issue 41): its first card gives every request one
     512-token system prompt, and the prefix_hit_rate chart, the engine's own counters, climbs."""
     open_as_instructor(page, server, "/steps/9")
-    page.click("[data-kind=scenarios][data-scenario='0']")
-    box = page.locator(".predict-box")
-    expect(box.locator(".predict-question")).to_contain_text("Predict first:")
-    box.locator(".predict-number input").fill("0.8")
-    box.locator(".predict-number button").click()
-    expect(page.locator("#scenario-result")).to_contain_text("Watch:")
+    predict_first_card(page, "0.8")
     wait_for(page, "window.servelab.lab.levers.system_prompt_tokens === 512", 10)
     # The rebuild to two replicas and the first misses come first; then the hits.
     wait_for(page, "(() => { const d = document.getElementById('chart-prefix_hit_rate').data[0].y;"
@@ -401,12 +406,7 @@ def test_step_11_guesses_ahead_and_the_speculation_chart_shows_the_guesses_kept(
     open_as_instructor(page, server, "/steps/11")
     page.click("#apply-preset")  # the step's settings: quoting prompts, one stream at a time, no guessing
     wait_for(page, "window.servelab.lab.levers.prompt_style === 'quote'", 10)
-    page.click("[data-kind=scenarios][data-scenario='0']")
-    box = page.locator(".predict-box")
-    expect(box.locator(".predict-question")).to_contain_text("Predict first:")
-    box.locator(".predict-number input").fill("0.05")
-    box.locator(".predict-number button").click()
-    expect(page.locator("#scenario-result")).to_contain_text("Watch:")
+    predict_first_card(page, "0.05")
     wait_for(page, "window.servelab.lab.levers.num_speculative_tokens === 4", 10)
     wait_for(page, "(() => { const d = document.getElementById('chart-speculation').data[0].y;"
                    " return d.length && d[d.length - 1] > 30; })()", 180)
