@@ -203,23 +203,30 @@ class BlockManager:
                 self.cached[block_hash] = block_id
         seq.num_published_blocks = num_full
 
-    def import_prefix(self, token_ids: list[int]) -> int:
+    def import_prefix(self, token_ids: list[int]) -> list[tuple[int, int]]:
         """KV computed elsewhere (a disaggregated prefill replica) lands here as cached prefix
         blocks: free, most recently used, so the scheduler's own prefix lookup starts the
-        sequence's counter past them, as a prefix-cache hit does. Returns the blocks written."""
-        bs, parent, written = self.block_size, b"", 0
+        sequence's counter past them, as a prefix-cache hit does. Blocks already cached are kept;
+        it stops where the free blocks run out (a block past a missing one could never be found;
+        evicting one just imported would break the chain at its head).
+        Returns (the block's index in the prompt, the block it was written to) for each written:
+        the caller copies the keys and values there (engine/kv_handoff.py)."""
+        bs, parent, placed = self.block_size, b"", []
+        room = self.num_free_blocks  # an imported block is free (cached) too: never evict one for the next
         for i in range(len(token_ids) // bs):
             chunk = tuple(token_ids[i * bs : (i + 1) * bs])
             parent = chain_hash(parent, chunk)
-            if parent in self.cached or not self.num_free_blocks:
+            if parent in self.cached:
                 continue
+            if len(placed) == room:
+                break
             self._leave_plain()
             block_id = self._take_free_block()
             self._refs[block_id], self.hashes[block_id], self.tokens[block_id] = 0, parent, chunk
             self.cached[parent] = block_id
             self.free_cached[block_id] = None
-            written += 1
-        return written
+            placed.append((i, block_id))
+        return placed
 
     def free(self, seq: Sequence) -> None:
         # Tail blocks are released first so they are evicted before the shared head.

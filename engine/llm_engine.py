@@ -19,6 +19,7 @@ from engine.contiguous_allocator import ContiguousAllocator
 from engine.detokenizer import text_step
 from engine.errors import InvalidParamError
 from engine.executor import Executor
+from engine.kv_handoff import export_prompt
 from engine.multi_step import HeldRun
 from engine.prompt_ids import PromptIds, checked_prompt_ids
 from engine.ranks import tp_stats
@@ -321,6 +322,8 @@ class LLMEngine:
         return RequestOutput(seq.request_id, tokens, new_text, reason is not None, reason, seq, logprobs)
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
+        if seq.export_kv and reason != FinishReason.ABORT:  # handed off: copied out before freed
+            seq.exported_kv = export_prompt(self, seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         if reason == FinishReason.ABORT:

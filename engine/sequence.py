@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.prompt_ids import PromptIds
 from engine.sampling_params import SamplingParams
@@ -123,6 +124,10 @@ class Sequence:
     # Speculative decoding's guesses at its next tokens (engine/spec_decode.py), made after a step
     # and checked in the next one: the scheduler gives it 1 + len of them (fewer if the budget is short).
     spec_token_ids: tuple[int, ...] = ()
+    # Prefill/decode disaggregation (engine/kv_handoff.py): a prefill replica's request ends after
+    # its first token, its prompt's KV blocks copied out here before they are freed.
+    export_kv: bool = False
+    exported_kv: Any = None  # torch.Tensor [layers, 2, blocks, block_size, kv_heads, head_dim]
     # In a batch still going through a replica's pipeline stages: not scheduled again, nor
     # preempted, until that batch lands (its next token depends on it).
     in_flight: bool = False

@@ -131,10 +131,23 @@ def test_imported_prefix_is_found_like_a_cache_hit() -> None:
 
     kv = BlockManager(num_blocks=8, block_size=4)
     prompt = list(range(10, 23))  # 13 tokens: 3 full blocks + 1
-    assert kv.import_prefix(prompt) == 3
+    assert len(kv.import_prefix(prompt)) == 3
     assert kv.num_free_blocks == 8  # imported blocks are free (evictable) until a sequence holds them
     seq = Sequence("r", prompt + [99], SamplingParams(max_tokens=4), RequestTimes(arrival=0.0))
     prefix = kv.find_cached_prefix(seq)
     assert len(prefix) == 3
     kv.admit(seq, prefix)
     assert seq.num_computed_tokens == 12 and kv.num_free_blocks == 5
+
+
+def test_an_import_short_of_room_keeps_its_head_and_stops() -> None:
+    """Imported blocks are free (cached) as they land: with room for two, the third must not evict
+    the first (the chain would then be found from nowhere)."""
+    kv = BlockManager(num_blocks=4, block_size=4)
+    holder = make_seq("held", list(range(100, 108)))
+    kv.admit(holder, [])
+    assert kv.allocate(holder, 8)  # two of the four blocks held
+    placed = kv.import_prefix(list(range(10, 26)))  # four full blocks offered, room for two
+    assert [i for i, _ in placed] == [0, 1]
+    seq = make_seq("r", list(range(10, 27)))
+    assert len(kv.find_cached_prefix(seq)) == 2
