@@ -17,11 +17,12 @@ The simulator moves no bytes: it takes the transfer's time and imports the keys 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING
 
 import torch
+
+from engine.kv_segment import SharedKV
 
 if TYPE_CHECKING:
     from engine.llm_engine import LLMEngine
@@ -69,56 +70,25 @@ def _caches(engine: LLMEngine) -> KVCaches:
     return caches
 
 
-def _dtype(name: str) -> torch.dtype:
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"not a torch dtype: {name!r}")
-    return dtype
+def write_shared(blocks: torch.Tensor) -> SharedKV:
+    """A new shared-memory segment holding the blocks; its reader unlinks it (or SharedKV.discard)."""
+    blocks = blocks.contiguous()
+    raw = blocks.view(torch.uint8).reshape(-1)
+    segment = shared_memory.SharedMemory(create=True, size=max(1, raw.numel()))
+    try:
+        torch.frombuffer(segment.buf, dtype=torch.uint8, count=raw.numel()).copy_(raw)
+        return SharedKV(segment.name, tuple(blocks.shape), str(blocks.dtype).removeprefix("torch."))
+    finally:
+        segment.close()
 
 
-@dataclass(frozen=True)
-class SharedKV:
-    """A handoff's blocks in a shared-memory segment: what crosses between processes is this
-    record (a name and a shape), not the bytes."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str  # torch's name: float32, bfloat16, float8_e4m3fn
-
-    @property
-    def nbytes(self) -> int:
-        n = 1
-        for size in self.shape:
-            n *= size
-        return n * torch.empty((), dtype=_dtype(self.dtype)).element_size()
-
-    @classmethod
-    def write(cls, blocks: torch.Tensor) -> SharedKV:
-        """A new segment holding the blocks; the reader unlinks it (or discard() does)."""
-        blocks = blocks.contiguous()
-        raw = blocks.view(torch.uint8).reshape(-1) if blocks.numel() else torch.empty(0, dtype=torch.uint8)
-        segment = shared_memory.SharedMemory(create=True, size=max(1, raw.numel()))
-        try:
-            torch.frombuffer(segment.buf, dtype=torch.uint8, count=raw.numel()).copy_(raw)
-            return cls(segment.name, tuple(blocks.shape), str(blocks.dtype).removeprefix("torch."))
-        finally:
-            segment.close()
-
-    def read(self) -> torch.Tensor:
-        """The blocks, copied out; the segment is unlinked."""
-        segment = shared_memory.SharedMemory(name=self.name)
-        try:
-            raw = torch.frombuffer(segment.buf, dtype=torch.uint8, count=self.nbytes).clone()
-            return raw.view(_dtype(self.dtype)).reshape(self.shape)
-        finally:
-            segment.close()
-            segment.unlink()
-
-    def discard(self) -> None:
-        """Free the segment unread (its request failed or was cancelled on the way)."""
-        try:
-            segment = shared_memory.SharedMemory(name=self.name)
-        except FileNotFoundError:
-            return
+def read_shared(shared: SharedKV) -> torch.Tensor:
+    """The blocks, copied out; the segment is unlinked."""
+    segment = shared_memory.SharedMemory(name=shared.name)
+    try:
+        raw = torch.frombuffer(segment.buf, dtype=torch.uint8, count=shared.nbytes).clone()
+        dtype = getattr(torch, shared.dtype)
+        return raw.view(dtype).reshape(shared.shape)
+    finally:
         segment.close()
         segment.unlink()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.kv_handoff import SharedKV, import_prompt
+from engine.kv_handoff import import_prompt, read_shared, write_shared
 from engine.llm_engine import LLMEngine
 from engine.sequence import Sequence
 
@@ -56,9 +56,9 @@ def test_a_handed_off_prompt_decodes_as_it_would_have_where_it_was_prefilled(pre
     first, blocks = handed.output_token_ids[0], handed.exported_kv
     assert first == alone.output_token_ids[0]
     assert blocks.shape[:3] == (prefill.model_cfg.num_layers, 2, len(ids) // bs)
-    shared = SharedKV.write(blocks)
+    shared = write_shared(blocks)
     assert shared.nbytes == blocks.numel() * blocks.element_size()
-    received = shared.read()
+    received = read_shared(shared)
     assert torch.equal(received, blocks)
     with pytest.raises(FileNotFoundError):  # read once, unlinked
         shared_memory.SharedMemory(name=shared.name)
@@ -102,8 +102,9 @@ def test_a_decode_side_short_of_blocks_takes_what_fits_and_computes_the_rest(pre
 
 
 def test_a_segment_discarded_unread_is_gone() -> None:
-    shared = SharedKV.write(torch.arange(12, dtype=torch.bfloat16).reshape(3, 4))
+    shared = write_shared(torch.arange(24, dtype=torch.bfloat16).reshape(1, 2, 3, 4))
+    assert shared.nbytes == 48 and shared.num_blocks == 3
     shared.discard()
     shared.discard()  # twice is harmless
     with pytest.raises(FileNotFoundError):
-        shared.read()
+        read_shared(shared)
