@@ -25,7 +25,7 @@ import torch
 from engine.kv_segment import SharedKV
 
 if TYPE_CHECKING:
-    from engine.llm_engine import LLMEngine
+    from engine.block_manager import BlockManager
     from engine.sequence import Sequence
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (keys, values) [blocks, block_size, kv_heads, head_dim]
@@ -47,24 +47,25 @@ def import_blocks(kv_caches: KVCaches, block_ids: list[int], blocks: torch.Tenso
         v.index_copy_(0, index, blocks[layer, 1].to(v.dtype))
 
 
-def export_prompt(engine: LLMEngine, seq: Sequence) -> torch.Tensor:
-    """seq's full prompt blocks from the engine's cache (before they are freed)."""
-    full = len(seq.prompt_token_ids) // engine.config.block_size
-    return export_blocks(_caches(engine), seq.block_table[:full])
+def export_prompt(kv_caches: KVCaches, seq: Sequence, block_size: int) -> torch.Tensor:
+    """seq's full prompt blocks from the cache (before they are freed)."""
+    full = len(seq.prompt_token_ids) // block_size
+    return export_blocks(kv_caches, seq.block_table[:full])
 
 
-def import_prompt(engine: LLMEngine, token_ids: list[int], blocks: torch.Tensor) -> int:
-    """A handed-off prompt's blocks into the engine's cache as cached prefix blocks (those it
-    already caches are kept, and at most the free blocks are written). How many were written."""
-    placed = engine.kv.import_prefix(token_ids[: blocks.shape[2] * engine.config.block_size])  # type: ignore[union-attr]
+def import_prompt(kv: BlockManager, kv_caches: KVCaches, token_ids: list[int], blocks: torch.Tensor) -> int:
+    """A handed-off prompt's blocks into the cache as cached prefix blocks (those it already
+    caches are kept, and at most the free blocks are written). How many were written."""
+    placed = kv.import_prefix(token_ids[: blocks.shape[2] * kv.block_size])
     if placed:
         indices = torch.tensor([i for i, _ in placed], dtype=torch.long)
-        import_blocks(_caches(engine), [block_id for _, block_id in placed], blocks.index_select(2, indices))
+        import_blocks(kv_caches, [block_id for _, block_id in placed], blocks.index_select(2, indices))
     return len(placed)
 
 
-def _caches(engine: LLMEngine) -> KVCaches:
-    caches = getattr(engine.runner, "kv_caches", None)
+def caches_of(runner: object) -> KVCaches:
+    """A live runner's KV tensors (a what-if runner has none: it moves no bytes)."""
+    caches = getattr(runner, "kv_caches", None)
     if caches is None:
         raise RuntimeError("this engine holds no KV tensors to hand off (a what-if replica moves none)")
     return caches

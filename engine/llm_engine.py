@@ -19,7 +19,6 @@ from engine.contiguous_allocator import ContiguousAllocator
 from engine.detokenizer import text_step
 from engine.errors import InvalidParamError
 from engine.executor import Executor
-from engine.kv_handoff import export_prompt
 from engine.multi_step import HeldRun
 from engine.prompt_ids import PromptIds, checked_prompt_ids
 from engine.ranks import tp_stats
@@ -72,8 +71,7 @@ class LLMEngine:
         self.speculation = Speculation(proposer=executor.proposer)  # EngineConfig.num_speculative_tokens
         self.last_batch = SchedulerOutput()  # what the latest step ran, for stats and benchmarks
         self.replica_id = 0  # which replica this engine is, for its step records
-        # What the latest steps ran (engine/step_record.py); None: not recorded (a headless simulation).
-        self.step_records: StepRing | None = StepRing()
+        self.step_records: StepRing | None = StepRing()  # the latest steps; None: a headless simulation
         self._step_started = 0.0
         # Pipelined with overlap: the batches inside the stages, oldest first (batch, launch, began).
         self._in_flight: deque[tuple[SchedulerOutput, Any, float]] = deque()
@@ -322,8 +320,10 @@ class LLMEngine:
         return RequestOutput(seq.request_id, tokens, new_text, reason is not None, reason, seq, logprobs)
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
-        if seq.export_kv and reason != FinishReason.ABORT:  # handed off: copied out before freed
-            seq.exported_kv = export_prompt(self, seq)
+        if seq.export_kv and reason == FinishReason.LENGTH:  # handed off: copied out before freed
+            from engine.kv_handoff import caches_of, export_prompt  # torch: live engines only
+
+            seq.exported_kv = export_prompt(caches_of(self.runner), seq, self.config.block_size)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         if reason == FinishReason.ABORT:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.kv_handoff import import_prompt, read_shared, write_shared
+from engine.kv_handoff import caches_of, import_prompt, read_shared, write_shared
 from engine.llm_engine import LLMEngine
 from engine.sequence import Sequence
 
@@ -64,7 +64,7 @@ def test_a_handed_off_prompt_decodes_as_it_would_have_where_it_was_prefilled(pre
         shared_memory.SharedMemory(name=shared.name)
 
     decode = new_engine()
-    assert import_prompt(decode, ids, received) == len(ids) // bs
+    assert import_prompt(decode.kv, caches_of(decode.runner), ids, received) == len(ids) // bs
     rest = SamplingParams(temperature=0, max_tokens=GREEDY.max_tokens - 1, ignore_eos=True)
     seq = decode.add_request("decoded", params=rest, prompt_token_ids=[*ids, first])
     run(decode, seq)
@@ -74,7 +74,7 @@ def test_a_handed_off_prompt_decodes_as_it_would_have_where_it_was_prefilled(pre
 
     # The bytes are what it decodes from: zeros in their place change the answer.
     blank = new_engine()
-    import_prompt(blank, ids, torch.zeros_like(received))
+    import_prompt(blank.kv, caches_of(blank.runner), ids, torch.zeros_like(received))
     wrong = blank.add_request("blank", params=rest, prompt_token_ids=[*ids, first])
     run(blank, wrong)
     assert wrong.output_token_ids != seq.output_token_ids
@@ -92,7 +92,7 @@ def test_a_decode_side_short_of_blocks_takes_what_fits_and_computes_the_rest(pre
     decode.step()
     assert not hog.is_finished and decode.kv.num_free_blocks == 3
     assert len(ids) // bs > 3
-    assert import_prompt(decode, ids, handed.exported_kv) == 3  # the first three: a chain from the start
+    assert import_prompt(decode.kv, caches_of(decode.runner), ids, handed.exported_kv) == 3  # the first three: a chain from the start
     decode.abort("hog")  # it leaves without taking a block (a decode that did could evict them: cached, free)
     decode.step()
     assert hog.is_finished

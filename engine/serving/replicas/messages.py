@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from engine.kv_segment import SharedKV
 from engine.machine import EnginePlan
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason, RequestTimes
@@ -28,6 +29,13 @@ class AddRequest:
     deadline: float | None = None  # the router's, in the same clock
     drop_if_expired: bool = True  # deadline_recheck as it stood when the router dispatched it
     priority: int = 0  # lower is admitted sooner by the scheduler
+    # Prefill/decode disaggregation (engine/serving/disagg/): `handoff` on a prefill replica makes
+    # the first token, then hands the prompt's KV off (TokenDelta.handoff) instead of decoding;
+    # `kv` on a decode replica is that prompt's blocks, the prompt ending with the first token,
+    # which was made at first_token_at.
+    handoff: bool = False
+    kv: SharedKV | None = None
+    first_token_at: float | None = None
 
 
 @dataclass
@@ -67,6 +75,10 @@ class TokenDelta:
     first_token: bool = False  # this delta carries the request's first output token
     logprobs: list[Any] | None = None  # TokenLogprobs of token_ids, when the request asked
     prompt_logprobs: list[Any] | None = None  # on the first token's delta, when asked (echo)
+    # A prefill replica's last word on a handed-off request (not finished: it decodes elsewhere):
+    # its prompt's KV blocks in shared memory, and the seconds taken to copy them out.
+    handoff: SharedKV | None = None
+    handoff_s: float = 0.0
 
 
 @dataclass

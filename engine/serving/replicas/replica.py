@@ -9,7 +9,6 @@ so a slow step on a busy CPU is not mistaken for a frozen process."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gc
 import logging
@@ -24,6 +23,7 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK
 from engine.config import EngineConfig
+from engine.kv_segment import SharedKV
 from engine.machine import EnginePlan, set_affinity
 from engine.ranks import STEP_TIMEOUT_S
 from engine.sequence import FinishReason
@@ -55,6 +55,7 @@ def replica_main(
     from engine.errors import InvalidParamError
     from engine.llm_engine import LLMEngine
     from engine.memory import copy_bandwidth_gbs
+    from engine.serving.replicas.replica_requests import ReplicaRequests
     from engine.warm_up import warm_up
 
     clock = WALL_CLOCK
@@ -76,6 +77,7 @@ def replica_main(
     gc.freeze()
     state = ReplicaState.READY
     bandwidth = copy_bandwidth_gbs(config.device)
+    requests = ReplicaRequests(engine)
 
     def stats() -> ReplicaStats:
         # Typed here, in the replica's own process: the pipe carries the record, not a dict.
@@ -98,18 +100,11 @@ def replica_main(
                     errors.append(RequestError(cmd.request_id, None, f"replica {replica_id} is {state}"))
                     continue
                 try:
-                    engine.add_request(
-                        cmd.request_id,
-                        None,
-                        cmd.params,
-                        prompt_token_ids=cmd.prompt_token_ids,
-                        arrival_time=cmd.arrival_time,
-                        deadline=cmd.deadline,
-                        drop_if_expired=cmd.drop_if_expired,
-                        priority=cmd.priority,
-                    )
+                    requests.add(cmd)
                 except InvalidParamError as err:
                     errors.append(RequestError(cmd.request_id, err.param, err.message))
+                except FileNotFoundError:  # its KV was freed on the way (the front gave up on it)
+                    errors.append(RequestError(cmd.request_id, None, "the handed-off KV blocks were gone"))
             elif isinstance(cmd, AbortRequest):
                 engine.abort(cmd.request_id)
             elif isinstance(cmd, Reconfigure):
@@ -126,7 +121,7 @@ def replica_main(
             progress["step_started"] = clock.now()
             try:
                 outputs = engine.step()
-                deltas = [_delta(out) for out in outputs if out.finish_reason != FinishReason.DEADLINE]
+                deltas = [requests.delta(out) for out in outputs if out.finish_reason != FinishReason.DEADLINE]
                 errors += [expired_error(out.request_id) for out in outputs if out.finish_reason == FinishReason.DEADLINE]
             except ShardGroupError as exc:  # a tensor-parallel rank hung or died: the group is gone
                 errors += [RequestError(rid, None, str(exc)) for rid in engine.requests]
@@ -180,25 +175,6 @@ def _take_commands(inbox: Any, wait: float) -> list[Any]:
     return commands
 
 
-def _delta(out: Any) -> TokenDelta:
-    seq = out.seq
-    first = bool(out.new_token_ids) and len(seq.times.tokens) == len(out.new_token_ids)
-    times = copy.deepcopy(seq.times) if first or out.finished else None
-    return TokenDelta(
-        out.request_id,
-        out.new_token_ids,
-        out.new_text,
-        out.finished,
-        out.finish_reason,
-        seq.num_prompt_tokens,
-        seq.num_cached_tokens,
-        times,
-        first,
-        logprobs=out.logprobs,
-        prompt_logprobs=seq.prompt_logprobs if first and seq.params.prompt_logprobs is not None else None,
-    )
-
-
 class ReplicaHandle:
     """The front process's view of one replica: submit, abort, drain, and its latest stats."""
 
@@ -211,7 +187,11 @@ class ReplicaHandle:
         heartbeat_timeout_s: float = 2.0,
         step_timeout_s: float = 30.0,
         on_message: Callable[[StepMessage], None] | None = None,
+        on_handoff: Callable[[AddRequest, TokenDelta, queue.Queue], None] | None = None,
     ) -> None:
+        """on_handoff: this is a prefill replica of a prefill/decode split: each request (that
+        asks for more than one token) makes its first token here, then on_handoff(the request,
+        the delta carrying its KV, its event queue) sends it on to decode."""
         ctx = mp.get_context("spawn")
         self.on_message = on_message  # the metrics bus listens here
         self.replica_id = replica_id
@@ -237,6 +217,9 @@ class ReplicaHandle:
         self._inbox = ctx.Queue()
         self._outbox = ctx.Queue()
         self._streams: dict[str, queue.Queue] = {}
+        self.on_handoff = on_handoff
+        self._handing: dict[str, AddRequest] = {}  # a prefill replica's requests, to hand off
+        self._segments: dict[str, SharedKV] = {}  # a decode replica's handoffs, freed if they fail
         self._streaming: set[str] = set()  # requests on it that have had their first token
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -266,6 +249,11 @@ class ReplicaHandle:
                 events.put(RequestError(request.request_id, None, f"replica {self.replica_id} is {self.state}"))
                 return events
             self._streams[request.request_id] = events
+            if self.on_handoff is not None and request.params.max_tokens > 1:
+                request = dataclasses.replace(request, handoff=True)
+                self._handing[request.request_id] = request
+            if request.kv is not None:
+                self._segments[request.request_id] = request.kv
         if request.arrival_time is None:
             request = dataclasses.replace(request, arrival_time=WALL_CLOCK.now())
         self._inbox.put(request)
@@ -337,19 +325,33 @@ class ReplicaHandle:
         self.num_token_messages += bool(msg.deltas)
         if self.on_message is not None:
             self.on_message(msg)
+        handoffs: list[tuple[AddRequest, TokenDelta, queue.Queue]] = []
         with self._lock:
             for delta in msg.deltas:
+                self._segments.pop(delta.request_id, None)  # it runs: its segment was read
                 events = self._streams.get(delta.request_id)
                 if events is not None:
+                    if delta.handoff is not None:  # its first token to the client; it decodes elsewhere
+                        events.put(dataclasses.replace(delta, handoff=None))
+                        del self._streams[delta.request_id]
+                        self._streaming.discard(delta.request_id)
+                        handoffs.append((self._handing.pop(delta.request_id), delta, events))
+                        continue
                     events.put(delta)
                     if delta.token_ids:
                         self._streaming.add(delta.request_id)
                     if delta.finished:
                         del self._streams[delta.request_id]
                         self._streaming.discard(delta.request_id)
+                        self._handing.pop(delta.request_id, None)
+                elif delta.handoff is not None:  # nobody waits for it any more
+                    delta.handoff.discard()
             for error in msg.errors:
                 events = self._streams.pop(error.request_id, None)
                 self._streaming.discard(error.request_id)
+                self._handing.pop(error.request_id, None)
+                if (segment := self._segments.pop(error.request_id, None)) is not None:
+                    segment.discard()
                 if events is not None:
                     events.put(error)
             if msg.stats is not None:
@@ -360,6 +362,9 @@ class ReplicaHandle:
                 self.error, self.permanent = msg.failure.reason, msg.failure.permanent
             if not (self.state == ReplicaState.DRAINING and msg.state == ReplicaState.READY):
                 self.state = ReplicaState(msg.state)
+        assert self.on_handoff is not None or not handoffs
+        for request, delta, events in handoffs:
+            self.on_handoff(request, delta, events)  # type: ignore[misc]
         if msg.state in (ReplicaState.READY, *ENDED):
             self._ready.set()
         if msg.state in ENDED:
@@ -383,6 +388,10 @@ class ReplicaHandle:
                 self.state = ReplicaState(state)
             streams, self._streams = self._streams, {}
             self._streaming.clear()
+            segments, self._segments = self._segments, {}
+            self._handing.clear()
+        for segment in segments.values():  # handed over and not yet read: nobody else will
+            segment.discard()
         for request_id, events in streams.items():
             events.put(RequestError(request_id, None, reason))
         if state == ReplicaState.FAILED and not self.permanent:  # a permanent one: the fleet says it, once

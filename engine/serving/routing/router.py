@@ -18,6 +18,7 @@ import math
 import os
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from engine.serving.telemetry.traces import Outcome, RequestTraces
 log = logging.getLogger("servelab.router")
 
 PREFIX_MEMORY = 20_000  # block hashes remembered per replica for prefix-aware routing
+ABORTED_KEPT = 4096  # request ids whose clients went away, remembered (Router.was_aborted)
 
 
 class AdmissionError(ServingError):
@@ -88,6 +90,10 @@ class Router:
         defences: the fleet's guards, shared with the queue; None: all on. traces: the fleet's
         request traces, told of every admission, refusal and dispatch; None: its own."""
         self.replicas = list(replicas)
+        # A prefill/decode split's decode replicas: never dispatched to, but a client that goes
+        # away is aborted there too, and remembered (the last ABORTED_KEPT) so no handoff follows.
+        self.downstream: list[Replica] = []
+        self._aborted: OrderedDict[str, None] = OrderedDict()
         self.config = config
         self.clock = clock
         self.events = events or EventLog(clock)
@@ -193,8 +199,15 @@ class Router:
             if self.queue.remove(request_id) is not None:
                 self.traces.ended(request_id, Outcome.CANCELLED)
                 return
-        for replica in self.replicas:
+        self._aborted[request_id] = None
+        while len(self._aborted) > ABORTED_KEPT:
+            self._aborted.popitem(last=False)
+        for replica in self.replicas + self.downstream:
             replica.abort(request_id)
+
+    def was_aborted(self, request_id: str) -> bool:
+        """Its client went away lately (a prefill/decode split does not hand it on)."""
+        return request_id in self._aborted
 
     def reconfigure(
         self, queue_cap: int | None = None, deadline_s: float | None = None, rate_limit: float | None = None

@@ -20,6 +20,7 @@ from engine.model.gguf_file import context_length
 from engine.model.paths import DEFAULT_MODEL_NAME, default_gguf_path
 from engine.model.tokenizer import ChatTokenizer, load_tokenizer
 from engine.sampling_params import SamplingParams
+from engine.serving.disagg.decode_pool import DecodePool
 from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.replicas.cores import spare_cores, split_cores
 from engine.serving.replicas.messages import StepMessage
@@ -28,6 +29,7 @@ from engine.serving.replicas.replica_api import ENDED, SERVING, PoolState, Repli
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, Router, RouterConfig
 from engine.serving.scaling.fleet_config import FleetConfig
+from engine.serving.scaling.fleet_shutdown import Shutdown
 from engine.serving.scaling.provisioning import Order, Provisioning
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.metrics import MetricsBus
@@ -38,10 +40,9 @@ log = logging.getLogger("servelab.fleet")
 
 POOL_NAMES = {ReplicaState.READY: PoolState.WARM, ReplicaState.STARTING: PoolState.WARMING}
 FAILED_SHOWN_S = 10.0  # a failed replica stays in the set (and on the charts) this long
-DRAIN_POLL_S = 0.05  # how often a drain looks at what is left
 
 
-class Fleet(Provisioning):
+class Fleet(Provisioning, Shutdown):
     """Replicas come and go while it serves: rebuilt when a lever needs it, added and retired by
     the autoscaler. A retired replica drains (finishes its residents) before it stops.
 
@@ -112,11 +113,38 @@ class Fleet(Provisioning):
         self._stopped = False
         self._drained = threading.Event()
         self._subscribers: list[Callable[[FleetSnapshot], None]] = []
+        self.decode: DecodePool | None = None
+        self._start_decode_pool()
         self.set_replica_count(fleet_config.replicas)
         for _ in range(self.warm_pool):  # the first pool is there from the start, like the first replicas
             self._start(self._spare_cores(), serve=False)
         self.driver.every(Router.DISPATCH_POLL_S, self.router.dispatch_step, wake=self.router.wake)
         self.driver.every(1.0 / SNAPSHOT_HZ, self.publish_step)
+
+    def _start_decode_pool(self) -> None:
+        """A prefill/decode split's decode replicas (fleet_config.decode_replicas), on the cores
+        after the serving replicas' share."""
+        count = self.fleet_config.decode_replicas
+        if not count:
+            self.decode = None
+            self.router.downstream = []
+            return
+        cores = split_cores(self.fleet_config.replicas + count)[-count:]
+
+        def make(config: EngineConfig, cores: list[int]) -> Any:
+            replica_id, self._next_id = self._next_id, self._next_id + 1
+            self._cores[replica_id] = cores
+            return self.replica_factory(replica_id, config, cores=cores, on_message=self.observe_replica)
+
+        self.decode = DecodePool(make, self.engine_config, cores, self.events, self.router.was_aborted)
+        self.router.downstream = self.decode.replicas
+
+    def downstream(self) -> list[Any]:
+        return [] if self.decode is None else list(self.decode.replicas)
+
+    def drain_downstream(self) -> None:
+        if self.decode is not None:
+            self.decode.drain()
 
     @property
     def tokenizer(self) -> ChatTokenizer:
@@ -139,7 +167,7 @@ class Fleet(Provisioning):
         with self._lock:
             while len(self.replicas) > count:
                 self.retire(self.replicas[-1])
-            cores = split_cores(count)
+            cores = split_cores(count + self.fleet_config.decode_replicas)  # the decode pool's come after
             while len(self.replicas) < count and self.unservable is None:
                 self._start(cores[len(self.replicas)])
 
@@ -150,7 +178,9 @@ class Fleet(Provisioning):
         if self.unservable is not None:
             return None
         on_message = self.observe_replica if serve else None
-        replica = self.replica_factory(self._next_id, self.engine_config, cores=cores, on_message=on_message)
+        # Split: every replica the router may use prefills, and hands each request to the decode pool.
+        split = {} if self.decode is None else {"on_handoff": self.decode.hand_off}
+        replica = self.replica_factory(self._next_id, self.engine_config, cores=cores, on_message=on_message, **split)
         self._cores[replica.replica_id] = cores
         self._next_id += 1
         if serve:
@@ -185,6 +215,10 @@ class Fleet(Provisioning):
         with self._lock:
             self.engine_config = engine_config
             self.unservable = None  # a new config may load where the old one could not
+            if self.decode is not None:  # a split's decode replicas drain as the others do
+                self.retiring += self.decode.replicas
+                self.decode.drain()
+            self._start_decode_pool()
             self.router.config.block_size = engine_config.block_size
             old = list(self.replicas)
             for replica in old:
@@ -205,6 +239,8 @@ class Fleet(Provisioning):
             self.engine_config = self.engine_config.replace(**changes)
             for replica in self.replicas + self.warm:
                 replica.reconfigure(**changes)
+            if self.decode is not None:
+                self.decode.reconfigure(**changes)
 
     # live view ----------------------------------------------------------------------------------
 
@@ -230,13 +266,16 @@ class Fleet(Provisioning):
             for replica in [r for r in self.warm if r.state in ENDED]:
                 self.warm.remove(replica)
                 self.retiring.append(replica)
-            for replica in self.replicas + self.retiring + self.warm:
+            if self.decode is not None:
+                self.retiring += self.decode.watch()  # failed ones replaced; stopped and forgotten below
+                self.router.downstream = self.decode.replicas
+            for replica in self.replicas + self.retiring + self.warm + self.downstream():
                 if self._last_states.get(replica.replica_id) != replica.state:
                     self._last_states[replica.replica_id] = replica.state
                     if replica.state in ENDED:  # what was still on it will not finish
                         self.traces.replica_ended(replica.replica_id)
                     why = f": {replica.error}" if replica.state == ReplicaState.FAILED and replica.error else ""
-                    where = " (warm pool)" if replica in self.warm else ""
+                    where = " (warm pool)" if replica in self.warm else " (decode)" if replica in self.downstream() else ""
                     self.events.emit(
                         "replica",
                         f"replica {replica.replica_id} {replica.state}{why}{where}",
@@ -282,7 +321,7 @@ class Fleet(Provisioning):
         """A request in the central queue or on any replica (handed over, waiting or running):
         background measurements stay paused while one is (engine/launch/yielding.py)."""
         with self._lock:
-            replicas = self.replicas + self.retiring
+            replicas = self.replicas + self.retiring + self.downstream()
         return len(self.router.queue) > 0 or any(r.num_in_flight > 0 for r in replicas)
 
     def replica_states(self) -> dict[str, int]:
@@ -290,7 +329,7 @@ class Fleet(Provisioning):
         while loading, so it never counts as capacity); the pool as "warm" (loaded) or "warming";
         serving orders still waiting for their machine as "provisioning"."""
         with self._lock:
-            names: list[str] = [r.state for r in self.replicas]
+            names: list[str] = [r.state for r in self.replicas + self.downstream()]
             names += [ReplicaState.DRAINING if r.state in SERVING else r.state for r in self.retiring]
             names += [POOL_NAMES.get(r.state, r.state) for r in self.warm]
             names += [PoolState.WARMING if o.pool else PoolState.PROVISIONING for o in self.orders]
@@ -344,48 +383,6 @@ class Fleet(Provisioning):
         # streams_cut_mid_stream, scale_changes_total, replicas_ordered_total; the central_queue row's metric
         return replace(snap, **self.scale_counts(), replica_queue_depths=self.router.replica_queue_depths())
 
-    # shutdown -----------------------------------------------------------------------------------
-
-    def drain_and_stop(self) -> None:
-        """SIGTERM: begin the drain, and wait (a live shutdown, on wall time) until it has stopped
-        every replica process."""
-        self.begin_drain()
-        self._drained.wait()
-
-    @property
-    def drained(self) -> bool:
-        """Stopped: by a drain's end or by stop()."""
-        return self._drained.is_set()
-
-    def begin_drain(self) -> None:
-        """Refuse new work at once; the fleet's own step (drain_step, on its clock, so the virtual
-        one drives it too) lets in-flight requests finish, up to drain_timeout_s, then stops."""
-        if self.draining:
-            return
-        self.draining = True
-        self.set_warm_pool(0)
-        self._drain_deadline = self.clock.now() + self.fleet_config.drain_timeout_s
-        self._replicas_draining = False
-        self.driver.every(DRAIN_POLL_S, self.drain_step)
-
-    def drain_step(self) -> bool:
-        """One look at the drain: queued work still goes out, then the replicas finish their
-        residents; past the deadline, or with nothing left, stop. False once stopped."""
-        if self._stopped:
-            return False
-        late = self.clock.now() >= self._drain_deadline
-        if not self._replicas_draining:
-            if len(self.router.queue) and not late:
-                return True
-            for replica in self.replicas:
-                replica.drain()
-            self._replicas_draining = True
-            return True
-        if not late and any(r.state == ReplicaState.DRAINING for r in self.replicas + self.retiring):
-            return True
-        self.stop()
-        return False
-
     def stop(self) -> None:
         """Stop every replica; the fleet's steps end at their next run (its own threads at once)."""
         self._stopped = True
@@ -395,6 +392,8 @@ class Fleet(Provisioning):
                 self._cancel(order)
         for replica in self.replicas + self.retiring + self.warm:
             replica.stop()
+        if self.decode is not None:
+            self.decode.stop()
         if self._own_driver and isinstance(self.driver, WallClockDriver):
             self.driver.stop()
         self._drained.set()

@@ -16,3 +16,6 @@ class FleetConfig:
     drain_timeout_s: float = 30.0
     warm_pool: int = LEVERS["warm_pool"].default  # loaded, idle, not routed to: promoted in under a second
     provision_delay_s: float = LEVERS["provision_delay_s"].default  # a cold start waits this, then loads
+    # A prefill/decode split (engine/serving/disagg/): this many decode replicas behind the serving
+    # ones, which then prefill only; 0: colocated, every replica does both.
+    decode_replicas: int = 0

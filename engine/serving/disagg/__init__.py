@@ -1,0 +1,2 @@
+"""Prefill/decode disaggregation across live replica processes: the decode pool that takes each
+prefill replica's handoff (the KV itself moves through engine/kv_handoff.py)."""
