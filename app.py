@@ -56,7 +56,7 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
     """The live engine behind the app: a fleet shaped by the levers (defaults where unset)."""
     from engine.config import EngineConfig
     from engine.lab.live.lab import LiveLab, engine_fields
-    from engine.lab.replica_bounds import replica_bounds
+    from engine.lab.replica_bounds import replica_bounds, split_pools
     from engine.serving.routing.defences import Defences
     from engine.serving.routing.router import RouterConfig
     from engine.serving.scaling.fleet import Fleet, FleetConfig
@@ -72,7 +72,10 @@ def build_lab(levers: dict | None = None, engine: dict | None = None, drain_time
     # The autoscaler grows the fleet from its fewest, within the devices gpu_count grants; the warm
     # pool is loaded from the start, as the first replicas are.
     fewest, _ = replica_bounds(values, warm_pool_holds_devices=False)
-    fleet_config = FleetConfig(fewest, drain_timeout_s, values["warm_pool"], values["provision_delay_s"])
+    pools = split_pools(values)
+    fleet_config = FleetConfig(
+        fewest, drain_timeout_s, values["warm_pool"], values["provision_delay_s"], pools[1] if pools else 0
+    )
     fleet = Fleet(engine_config, router_config, fleet_config, defences=Defences.from_levers(values))
     return LiveLab(fleet, values)
 

@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
     serve.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
     serve.add_argument("--replicas", type=int, default=1)
+    serve.add_argument(
+        "--decode-replicas", type=int, default=0,
+        help="a prefill/decode split: this many decode replicas behind the --replicas, which then prefill only "
+        "and hand each prompt's KV over (0: colocated)",
+    )
     serve.add_argument("--queue-cap", type=int, default=64)
     serve.add_argument("--deadline-s", type=float, default=30.0)
     serve.add_argument("--rate-limit", type=float, default=None, help="requests/s per API key")

@@ -92,8 +92,10 @@ LEVERS: dict[str, Lever] = {
         Lever("pipeline_overlap", bool, True, "Pipeline overlap (a batch per stage)", apply="rebuild"),
         Lever("weight_dtype", str, "bf16", "Weight dtype", choices=("bf16", "fp8", "fp4"), apply="sim"),
         Lever("kv_dtype", str, "bf16", "KV cache dtype", choices=("bf16", "fp8"), apply="sim"),
-        Lever("prefill_gpus", int, 0, "Prefill pool (0 = colocated)", "GPUs", 0, 512, apply="sim"),
-        Lever("decode_gpus", int, 0, "Decode pool (0 = colocated)", "GPUs", 0, 512, apply="sim"),
+        # A prefill/decode split (both > 0, adding up to gpu_count): live, replica processes that
+        # prefill and hand the KV to ones that decode (engine/serving/disagg/); simulated, two pools.
+        Lever("prefill_gpus", int, 0, "Prefill pool (0 = colocated)", "devices", 0, 512, apply="rebuild"),
+        Lever("decode_gpus", int, 0, "Decode pool (0 = colocated)", "devices", 0, 512, apply="rebuild"),
         Lever("block_size", int, 16, "KV block size", "tokens", choices=(8, 16, 32, 64), apply="rebuild"),
         Lever("max_num_seqs", int, 64, "Batch slots", "sequences", 1, 1024),
         Lever("max_batched_tokens", int, 2048, "Token budget per step", "tokens", 16, 65536),

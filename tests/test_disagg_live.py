@@ -1,7 +1,8 @@
 """Prefill/decode disaggregation across real replica processes: one prefill replica, one decode
 replica, the KV handed over through shared memory. The stream is the text one engine makes alone;
 TTFT is counted once, where the first token was made; a decode replica killed mid-stream ends its
-streams with an error in the stream, frees every segment, and is replaced."""
+streams with an error in the stream, frees every segment, and is replaced; a handoff with no
+decode replica ready waits for one, and past its wait ends with the reason in its stream."""
 
 from __future__ import annotations
 
@@ -93,14 +94,22 @@ def test_a_decode_replica_killed_mid_stream_fails_its_streams_in_band_and_is_rep
     assert segments() <= before
 
 
-def test_with_no_decode_replica_ready_the_stream_says_so_and_the_segment_is_freed(fleet: Fleet) -> None:
+def test_a_handoff_waits_for_a_decode_replica_and_gives_up_with_a_reason(fleet: Fleet) -> None:
     assert fleet.tokenizer is not None and fleet.decode is not None
     ids = fleet.tokenizer.encode(PROMPT)
     before = segments()
     for replica in fleet.downstream():
         replica.drain()  # draining, then stopped: it takes nothing new until the pool replaces it
-    deltas, error = collect(fleet.submit("split-nowhere", ids, GREEDY, None))
-    assert error is not None and "no decode replica" in error.message
-    assert len(deltas) == 1 and deltas[0].first_token  # the first token came; the rest cannot
+    deltas, error = collect(fleet.submit("split-waits", ids, GREEDY, None))  # waits for the replacement
+    assert error is None and deltas[-1].finished
+    fleet.decode.wait_s = 0.5
+    try:
+        for replica in fleet.downstream():
+            replica.drain()
+        deltas, error = collect(fleet.submit("split-nowhere", ids, GREEDY, None))
+        assert error is not None and "no decode replica was ready" in error.message
+        assert len(deltas) == 1 and deltas[0].first_token  # the first token came; the rest could not
+    finally:
+        fleet.decode.wait_s = 30.0
     assert segments() <= before
     assert wait_for(lambda: any(r.state == ReplicaState.READY for r in fleet.downstream()), 240)  # replaced

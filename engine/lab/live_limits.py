@@ -48,6 +48,7 @@ def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, devi
             f"engine stays on {LIVE_MODEL} (choose the simulated executor to run it)",
         )
     check_speculation(clean, merged)
+    check_split(clean, merged)
     tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
     pp = int(merged.get("pipeline_parallel", 1))
     what = "CUDA GPUs" if device.startswith("cuda") else "CPU cores"
@@ -87,4 +88,20 @@ def check_speculation(clean: dict[str, Any], merged: dict[str, Any]) -> None:
         key = next((k for k in ("num_speculative_tokens", "paged", "pipeline_parallel") if k in clean), "num_speculative_tokens")
         raise InvalidParamError(
             key, "speculative decoding runs on the paged scheduler with one pipeline stage: turn it off first, or keep them"
+        )
+
+
+def check_split(clean: dict[str, Any], merged: dict[str, Any]) -> None:
+    """A prefill/decode split live: both pools, whole replicas, adding up to gpu_count."""
+    prefill, decode = int(merged.get("prefill_gpus", 0)), int(merged.get("decode_gpus", 0))
+    if not prefill and not decode:
+        return
+    key = next((k for k in ("prefill_gpus", "decode_gpus", "gpu_count") if k in clean), "prefill_gpus")
+    per = devices_per_replica(merged)
+    if not prefill or not decode:
+        raise InvalidParamError(key, "a prefill/decode split needs both pools (or both 0: colocated)")
+    if prefill % per or decode % per or prefill + decode != int(merged["gpu_count"]):
+        raise InvalidParamError(
+            key, f"prefill_gpus ({prefill}) and decode_gpus ({decode}) must each be whole replicas of {per} "
+            f"device(s) and add up to gpu_count ({merged['gpu_count']})",
         )

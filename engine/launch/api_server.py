@@ -42,7 +42,10 @@ def serve_forever(args: argparse.Namespace, levers: dict[str, Any]) -> int:
     try:  # what no replica could get past is refused here, in one line
         machine.cpu()
         engine_config = EngineConfig(**levers)
-        fleet = Fleet(engine_config, router_config, FleetConfig(args.replicas, args.drain_timeout_s), defences=defences)
+        if args.decode_replicas < 0:
+            raise InvalidParamError("decode_replicas", "must not be negative")
+        fleet_config = FleetConfig(args.replicas, args.drain_timeout_s, decode_replicas=args.decode_replicas)
+        fleet = Fleet(engine_config, router_config, fleet_config, defences=defences)
     except (InvalidParamError, MachineError) as err:
         log.error("cannot serve: %s", err)
         return 2

@@ -34,7 +34,7 @@ from engine.lab.flood import FloodLimits, FloodState, flood, flood_state
 from engine.lab.live.lab_clients import simulated_client_fields
 from engine.lab.live.rank_hang import RankHang
 from engine.lab.live_limits import LIVE_FLOOD, check_live, live_devices
-from engine.lab.replica_bounds import replica_bounds
+from engine.lab.replica_bounds import replica_bounds, split_pools
 from engine.lab.shape import shape_for
 from engine.lab.simulated.lab_check import check_sim, model_label
 from engine.lab.simulated.lab_sim import SimLab
@@ -218,6 +218,8 @@ class LiveLab:
         self.status = LabStatus.REBUILDING
         fewest, most = replica_bounds(self.levers, warm_pool_holds_devices=False)
         serving = sum(r.state in SERVING for r in self.fleet.replicas)
+        pools = split_pools(self.levers)
+        self.fleet.fleet_config.decode_replicas = pools[1] if pools else 0
         self.fleet.rebuild(
             self.fleet.engine_config.replace(**engine_fields(self.levers)), min(max(serving, fewest), most)
         )

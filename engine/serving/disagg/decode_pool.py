@@ -6,8 +6,9 @@ streams, so a long prompt no longer stalls them.
 
 A handoff goes to the ready decode replica with the fewest requests; one that cannot start there
 waits in that replica's own queue (its KV is imported into free blocks only, never over a block
-in use). With no decode replica ready, the request ends with an error in its stream and its KV
-segment is freed. A decode replica that fails is replaced, as a serving one is."""
+in use). With no decode replica ready (one replaced after a failure, a rebuild's new pool still
+loading), it waits here, its KV in shared memory, up to wait_s; then the request ends with that
+reason in its stream and the segment is freed. A decode replica that ends is replaced."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +27,8 @@ from engine.serving.replicas.replica_api import ENDED, ReplicaState
 from engine.serving.telemetry.events import EventLog
 
 log = logging.getLogger("servelab.decode_pool")
+
+HANDOFF_WAIT_S = 30.0  # a handoff waits this long for a decode replica to be ready (the queue's deadline)
 
 # makes a decode replica (its id the fleet's next): (config, cores) -> a replica handle
 DecodeFactory = Callable[[EngineConfig, list[int]], Any]
@@ -45,6 +50,10 @@ class DecodePool:
         self.handoffs = 0
         self.handoff_bytes = 0
         self.winding_down = False  # drained or stopped as a whole: ended replicas are not replaced
+        self.wait_s = HANDOFF_WAIT_S
+        # Handoffs waiting for a ready decode replica: (request, its delta, its events, since). A
+        # live pool's own wall time: the front process's, as the replica handles' watchdogs.
+        self.waiting: deque[tuple[AddRequest, TokenDelta, queue.Queue, float]] = deque()
 
     def _start(self, cores: list[int]) -> Any:
         replica = self._make(self.config, cores)
@@ -52,27 +61,46 @@ class DecodePool:
         return replica
 
     def hand_off(self, request: AddRequest, delta: TokenDelta, events: queue.Queue) -> None:
-        """A prefill replica's handoff (its ReplicaHandle calls this): on to a decode replica."""
-        shared = delta.handoff
-        assert shared is not None and delta.times is not None and delta.times.first_token is not None
-        if self._was_aborted(request.request_id):
-            shared.discard()
-            return
+        """A prefill replica's handoff (its ReplicaHandle calls this): on to a decode replica, or
+        waiting for one."""
+        assert delta.handoff is not None and delta.times is not None and delta.times.first_token is not None
         with self._lock:
-            ready = [r for r in self.replicas if r.state == ReplicaState.READY]
-            target = min(ready, key=lambda r: r.num_in_flight) if ready else None
-            if target is not None:
-                self.handoffs += 1
-                self.handoff_bytes += shared.nbytes
-        if target is None:
-            shared.discard()
-            events.put(RequestError(request.request_id, None, "no decode replica is ready to take the handoff"))
-            return
-        onward = dataclasses.replace(
-            request, prompt_token_ids=[*request.prompt_token_ids, *delta.token_ids], handoff=False, kv=shared,
-            first_token_at=delta.times.first_token,
-        )  # fmt: skip
-        target.submit(onward, events)
+            self.waiting.append((request, delta, events, time.monotonic()))
+        self.place_waiting()
+
+    def place_waiting(self) -> None:
+        """Send the waiting handoffs on, oldest first, while a decode replica is ready; fail those
+        that waited past wait_s, and drop those whose client went away."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                if not self.waiting:
+                    return
+                request, delta, events, since = self.waiting[0]
+                shared = delta.handoff
+                assert shared is not None
+                ready = [r for r in self.replicas if r.state == ReplicaState.READY]
+                if self._was_aborted(request.request_id) or (not ready and now - since > self.wait_s):
+                    self.waiting.popleft()
+                    target = None
+                elif not ready:
+                    return
+                else:
+                    self.waiting.popleft()
+                    target = min(ready, key=lambda r: r.num_in_flight)
+                    self.handoffs += 1
+                    self.handoff_bytes += shared.nbytes
+            if target is None:
+                shared.discard()
+                if not self._was_aborted(request.request_id):
+                    why = f"no decode replica was ready to take the handoff within {self.wait_s:g} s"
+                    events.put(RequestError(request.request_id, None, why))
+                continue
+            onward = dataclasses.replace(
+                request, prompt_token_ids=[*request.prompt_token_ids, *delta.token_ids], handoff=False, kv=shared,
+                first_token_at=delta.times.first_token,  # type: ignore[union-attr]
+            )  # fmt: skip
+            target.submit(onward, events)
 
     def abort(self, request_id: str) -> None:
         for replica in list(self.replicas):
@@ -87,6 +115,7 @@ class DecodePool:
         """Replace the decode replicas that ended (failed, killed, or drained from outside), while
         the pool itself is not winding down; a permanent failure is said once and not retried.
         The replicas that ended, to stop and forget."""
+        self.place_waiting()
         with self._lock:
             ended = [r for r in self.replicas if r.state in ENDED]
             for replica in ended:
@@ -105,12 +134,17 @@ class DecodePool:
 
     def stop(self) -> None:
         self.winding_down = True
+        with self._lock:
+            waiting, self.waiting = self.waiting, deque()
+        for request, delta, events, _ in waiting:
+            delta.handoff.discard()  # type: ignore[union-attr]
+            events.put(RequestError(request.request_id, None, "the server stopped before the handoff"))
         for replica in list(self.replicas):
             replica.stop()
 
     @property
     def num_in_flight(self) -> int:
-        return sum(r.num_in_flight for r in self.replicas)
+        return len(self.waiting) + sum(r.num_in_flight for r in self.replicas)
 
 
 def decode_config(config: EngineConfig) -> EngineConfig:

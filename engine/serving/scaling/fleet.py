@@ -30,6 +30,7 @@ from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, Router, RouterConfig
 from engine.serving.scaling.fleet_config import FleetConfig
 from engine.serving.scaling.fleet_shutdown import Shutdown
+from engine.serving.scaling.fleet_split import Split
 from engine.serving.scaling.provisioning import Order, Provisioning
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.metrics import MetricsBus
@@ -42,7 +43,7 @@ POOL_NAMES = {ReplicaState.READY: PoolState.WARM, ReplicaState.STARTING: PoolSta
 FAILED_SHOWN_S = 10.0  # a failed replica stays in the set (and on the charts) this long
 
 
-class Fleet(Provisioning, Shutdown):
+class Fleet(Provisioning, Split, Shutdown):
     """Replicas come and go while it serves: rebuilt when a lever needs it, added and retired by
     the autoscaler. A retired replica drains (finishes its residents) before it stops.
 
@@ -114,37 +115,12 @@ class Fleet(Provisioning, Shutdown):
         self._drained = threading.Event()
         self._subscribers: list[Callable[[FleetSnapshot], None]] = []
         self.decode: DecodePool | None = None
-        self._start_decode_pool()
+        self._start_decode_pool(fleet_config.replicas)
         self.set_replica_count(fleet_config.replicas)
         for _ in range(self.warm_pool):  # the first pool is there from the start, like the first replicas
             self._start(self._spare_cores(), serve=False)
         self.driver.every(Router.DISPATCH_POLL_S, self.router.dispatch_step, wake=self.router.wake)
         self.driver.every(1.0 / SNAPSHOT_HZ, self.publish_step)
-
-    def _start_decode_pool(self) -> None:
-        """A prefill/decode split's decode replicas (fleet_config.decode_replicas), on the cores
-        after the serving replicas' share."""
-        count = self.fleet_config.decode_replicas
-        if not count:
-            self.decode = None
-            self.router.downstream = []
-            return
-        cores = split_cores(self.fleet_config.replicas + count)[-count:]
-
-        def make(config: EngineConfig, cores: list[int]) -> Any:
-            replica_id, self._next_id = self._next_id, self._next_id + 1
-            self._cores[replica_id] = cores
-            return self.replica_factory(replica_id, config, cores=cores, on_message=self.observe_replica)
-
-        self.decode = DecodePool(make, self.engine_config, cores, self.events, self.router.was_aborted)
-        self.router.downstream = self.decode.replicas
-
-    def downstream(self) -> list[Any]:
-        return [] if self.decode is None else list(self.decode.replicas)
-
-    def drain_downstream(self) -> None:
-        if self.decode is not None:
-            self.decode.drain()
 
     @property
     def tokenizer(self) -> ChatTokenizer:
@@ -179,7 +155,7 @@ class Fleet(Provisioning, Shutdown):
             return None
         on_message = self.observe_replica if serve else None
         # Split: every replica the router may use prefills, and hands each request to the decode pool.
-        split = {} if self.decode is None else {"on_handoff": self.decode.hand_off}
+        split = {} if self.decode is None else {"on_handoff": self._hand_off}
         replica = self.replica_factory(self._next_id, self.engine_config, cores=cores, on_message=on_message, **split)
         self._cores[replica.replica_id] = cores
         self._next_id += 1
@@ -218,9 +194,9 @@ class Fleet(Provisioning, Shutdown):
             if self.decode is not None:  # a split's decode replicas drain as the others do
                 self.retiring += self.decode.replicas
                 self.decode.drain()
-            self._start_decode_pool()
             self.router.config.block_size = engine_config.block_size
             old = list(self.replicas)
+            self._start_decode_pool(len(old) if count is None else count)
             for replica in old:
                 self.retire(replica)
             for order in list(self.orders):
