@@ -23,7 +23,7 @@ CHROMIUM = "/usr/bin/chromium"
 #   browser      a real Chromium page under Playwright
 BROWSER = re.compile(r"playwright")
 INTEGRATION = re.compile(
-    r"ServerProcess|\bLLM\(|llm_fp32|hf_reference|build_lab|load_model|subprocess|Popen|multiprocessing"
+    r"ServerProcess|running_lab|\bLLM\(|llm_fp32|hf_reference|build_lab|load_model|subprocess|Popen|multiprocessing"
     r"|serve_app|create_app|ProcessReplica|ReplicaHandle|\bFleet\(|LLMEngine\(EngineConfig\(|spawn"
     r"|default_gguf_path|check_platforms"
 )

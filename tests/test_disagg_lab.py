@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from app import build_lab
 from engine.errors import InvalidParamError
 from engine.lab.live.lab import LiveLab
 from engine.serving.replicas.replica_api import ReplicaState
+from tests.support.live_lab import finished, running_lab
 from tests.waiting import wait_for
 
 LEVERS = {
@@ -22,17 +22,8 @@ LEVERS = {
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[LiveLab]:
-    lab = build_lab(LEVERS, engine={"dtype": "float32"}, drain_timeout_s=3.0)
-    try:
-        assert wait_for(lambda: lab.fleet.ready, 240), [r.error for r in lab.fleet.replicas]
+    with running_lab(LEVERS) as lab:
         yield lab
-    finally:
-        lab.stop()
-        lab.fleet.stop()
-
-
-def finished(lab: LiveLab) -> int:
-    return lab.fleet.bus.histograms["e2e_request_latency_seconds"].count
 
 
 def test_the_split_levers_rebuild_the_fleet_and_the_traffic_flows_through_the_handoff(lab: LiveLab) -> None:
