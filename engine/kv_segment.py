@@ -36,4 +36,7 @@ class SharedKV:
         except FileNotFoundError:
             return
         segment.close()
-        segment.unlink()
+        try:
+            segment.unlink()
+        except FileNotFoundError:  # its reader unlinked it between the two calls
+            pass

@@ -17,6 +17,7 @@
     queued: ["in the central queue", "#adb5bd"],
     waiting: ["waiting in the replica", "#fcc419"],
     prefill: ["prefill (a tick per chunk)", "#4dabf7"],
+    handoff: ["KV handoff to a decode replica", "#be4bdb"],
     decode: ["decode", "#51cf66"],
     preempted: ["preempted (then recomputed)", "#fa5252"],
   };
@@ -126,6 +127,10 @@
     if (row.dispatched !== null) marks.push([row.dispatched, "waiting"]);
     if (row.scheduled !== null) marks.push([row.scheduled, "prefill"]);
     if (row.first_token !== null) marks.push([row.first_token, "decode"]);
+    if (row.handoff) { // a prefill/decode split: the KV on its way, then decode on the other replica
+      marks.push([row.handoff[0] + 1e-6, "handoff"]);
+      if (row.handoff[1] !== null) marks.push([row.handoff[1], "decode"]);
+    }
     row.preempted.forEach((p, i) => {
       const next = i + 1 < row.preempted.length ? row.preempted[i + 1] : Infinity;
       const redo = row.chunks.filter((c) => c[0] >= p && c[0] < next);
@@ -152,7 +157,8 @@
       "first token " + secs(row.first_token) + ", last token " + secs(row.last_token),
       "TTFT " + secs(row.ttft) + ", TPOT " + ms(row.tpot) + (row.preempted.length ? ", preempted " + row.preempted.length + "x" : ""),
       row.chunks.length + " prefill chunk(s): " + row.chunks.map((c) => c[1]).join(" + ") + " tokens",
-    ].join("\n");
+    ].concat(row.handoff ? ["KV handoff: " + (row.handoff[2] / 1e6).toFixed(1) + " MB, " +
+      (row.handoff[1] !== null ? ms(row.handoff[1] - row.handoff[0]) : "on the way")] : []).join("\n");
   }
   function drawSwimlanes(container) {
     const all = api.rows();

@@ -72,6 +72,12 @@ def test_a_split_fleet_streams_what_one_engine_makes_alone(fleet: Fleet) -> None
     assert bus.histograms["time_to_first_token_seconds"].count == 1  # counted once, where it was made
     assert wait_for(lambda: bus.histograms["e2e_request_latency_seconds"].count == 1, 10)
     assert segments() <= before  # every segment read and unlinked
+    # The handoff as its own phase in the request's trace, and counted in /metrics.
+    row = next(r for r in fleet.traces.rows() if r["id"] == "split-1")
+    sent, landed, moved = row["handoff"]
+    assert landed is not None and landed >= sent and moved == bus.kv_handoff_bytes > 0
+    assert row["replica"] == decoder.replica_id and row["outcome"] == "finished"
+    assert "servelab_kv_handoffs_total 1" in fleet.metrics_text()
 
 
 def test_a_decode_replica_killed_mid_stream_fails_its_streams_in_band_and_is_replaced(fleet: Fleet) -> None:

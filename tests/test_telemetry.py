@@ -18,7 +18,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.load.loadgen import HttpTarget, arrival_times, make_requests, run_load
 from engine.serving.replicas.messages import StepMessage
-from engine.serving.replicas.replica import _delta
+from engine.serving.replicas.replica_requests import ReplicaRequests
 from engine.serving.routing.request_queue import QueuedRequest, RequestQueue
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
@@ -42,8 +42,9 @@ def test_a_request_that_waited_in_the_queue_reports_ttft_at_least_the_wait() -> 
     engine.add_request(
         head.request_id, None, head.params, prompt_token_ids=head.prompt_token_ids, arrival_time=head.arrival
     )
+    requests = ReplicaRequests(engine)  # what a replica process reports of its engine's outputs
     while engine.has_work():
-        deltas = [_delta(out) for out in engine.step()]
+        deltas = [requests.delta(out) for out in engine.step()]
         bus.observe(StepMessage(0, clock.now(), deltas))
         clock.advance(0.25)  # each step takes a quarter second of virtual time
     ttft = bus.histograms["time_to_first_token_seconds"]

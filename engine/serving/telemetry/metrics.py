@@ -102,6 +102,10 @@ class MetricsBus:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.wasted_tokens = 0  # generated for requests that were then cancelled, or whose client had gone
+        # A prefill/decode split's handoffs: how many, the KV bytes moved, the seconds spent copying out.
+        self.kv_handoffs = 0
+        self.kv_handoff_bytes = 0
+        self.kv_handoff_s = 0.0
         self._gone: set[str] = set()  # requests running on after their client hung up (client_gone)
         self._recent_wasted: deque[tuple[float, int]] = deque()
         self.text_sources: list[Callable[[], list[str]]] = []  # more Prometheus lines (the lab's clients)
@@ -132,6 +136,10 @@ class MetricsBus:
                 self._recent_tokens.append((msg.time, produced))
             self._count_wasted(msg)
             for delta in msg.deltas:
+                if delta.handoff is not None:
+                    self.kv_handoffs += 1
+                    self.kv_handoff_bytes += delta.handoff.nbytes
+                    self.kv_handoff_s += delta.handoff_s
                 if delta.first_token and delta.times:
                     self._first_token(delta.times, msg.time)
                 if not delta.finished:
@@ -294,6 +302,7 @@ class MetricsBus:
                 allreduce_ms=max((s.allreduce_ms_per_step for s in stats), default=0.0),
                 stage_idle=list(next((s.pp_stage_idle_share for s in stats if s.pp_stage_idle_share), [])),
                 max_num_seqs=sum(s.max_num_seqs for s in stats),
+                kv_handoffs=self.kv_handoffs,
                 **self.wasted_fields(now),
                 **self.failure_metrics(now, ttft, stats),
                 **self.spec_fields(now),
@@ -332,6 +341,9 @@ class MetricsBus:
         for state, count in sorted(snap.replicas.items()):
             lines.append(f'servelab_replicas{{state="{state}"}} {count}')
         lines.append(f"servelab_wasted_tokens_total {self.wasted_tokens}")
+        lines.append(f"servelab_kv_handoffs_total {self.kv_handoffs}")
+        lines.append(f"servelab_kv_handoff_bytes_total {self.kv_handoff_bytes}")
+        lines.append(f"servelab_kv_handoff_export_seconds_total {self.kv_handoff_s}")
         lines.append(f"servelab_expired_prefill_tokens_total {snap.expired_prefill_tokens}")
         for source in list(self.text_sources):
             lines += source()

@@ -38,6 +38,7 @@ class FleetSnapshot:
     # first replica with stages (engine/stage_clock.py); empty without stages.
     stage_idle: list[float] = field(default_factory=list)
     max_num_seqs: int = 0  # batch slots across the serving replicas
+    kv_handoffs: int = 0  # a prefill/decode split's KV handoffs, since the fleet began
     wasted_tokens_per_s: float = 0.0  # made for clients already gone, over the window
     # The /failures gallery's queue, router and scheduler rows: 0 while the window has nothing.
     expired_prefill_tokens: int = 0

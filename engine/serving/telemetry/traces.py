@@ -37,6 +37,7 @@ class Outcome(enum.StrEnum):
     QUEUED = "queued"  # in the router's central queue
     WAITING = "waiting"  # handed to a replica, not (or no longer, after a preemption) scheduled
     PREFILL = "prefill"
+    HANDOFF = "handoff"  # a prefill/decode split: its KV on the way to a decode replica
     DECODE = "decode"
     FINISHED = "finished"
     CANCELLED = "cancelled"
@@ -67,6 +68,9 @@ class TraceRow:
     end: float | None = None
     output_tokens: int = 0
     tpot: float | None = None
+    # A prefill/decode split: [sent by the prefill replica, first step on the decode one (None
+    # while on the way), bytes of KV moved].
+    handoff: list[float | None] | None = None
     _prefill_end: float | None = None  # the end of its latest prefill step: that step sampled a token
     _sent: float = float("-inf")  # when take_changes last sent it
 
@@ -85,7 +89,7 @@ class TraceRow:
             "dispatched": self.dispatched, "scheduled": self.scheduled, "chunks": [list(c) for c in self.chunks],
             "first_token": self.first_token, "preempted": list(self.preempted), "last_token": self.last_token,
             "end": self.end, "outcome": str(self.outcome), "output_tokens": self.output_tokens,
-            "ttft": self.ttft, "tpot": self.tpot,
+            "ttft": self.ttft, "tpot": self.tpot, "handoff": None if self.handoff is None else list(self.handoff),
         }  # fmt: skip
 
     def _decode(self, tokens: int, at: float) -> None:
@@ -155,8 +159,14 @@ class RequestTraces:
                 times = delta.times
                 if times is not None or row.outcome is not Outcome.DECODE or msg.time - row._sent >= REFRESH_S:
                     self._changed[row.id] = None
+                if delta.handoff is not None:  # its first token made here; it decodes on another replica
+                    row.first_token = times.first_token if times is not None else msg.time
+                    row.output_tokens, row.last_token = 1, row.first_token
+                    row.handoff, row.outcome = [msg.time, None, float(delta.handoff.nbytes)], Outcome.HANDOFF
+                    continue
                 if times is not None:  # the engine's own stamps: on a first token and at the end
-                    row.scheduled = times.scheduled if times.scheduled is not None else row.scheduled
+                    if row.scheduled is None:  # its first batch (a decode replica's comes later)
+                        row.scheduled = times.scheduled
                     row.first_token = times.first_token if times.first_token is not None else row.first_token
                     if times.tokens:
                         row.last_token = times.tokens[-1]
@@ -255,6 +265,8 @@ class RequestTraces:
                 continue
             if entry.phase == "prefill" or row.outcome is not Outcome.DECODE or record.end - row._sent >= REFRESH_S:
                 self._changed[row.id] = None
+            if row.outcome is Outcome.HANDOFF and row.handoff is not None:  # landed: the decode replica's first step
+                row.handoff[1] = record.start
             row.replica = record.replica
             if row.scheduled is None:
                 row.scheduled = record.start
