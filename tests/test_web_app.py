@@ -414,3 +414,26 @@ def test_step_11_guesses_ahead_and_the_speculation_chart_shows_the_guesses_kept(
     page.evaluate("window.servelab.socket.emit('set_levers', {num_speculative_tokens: 0, prompt_style: 'random'})")
     wait_for(page, "window.servelab.lab.levers.num_speculative_tokens === 0", 10)
     assert lab_value(page, "prompt_style") == "random"
+
+
+def test_step_10_splits_prefill_from_decode_and_the_swimlanes_show_the_handoff(
+    server: ServerProcess, page: Page
+) -> None:
+    """Step 10 (issue 43): its split card rebuilds the fleet into a prefill and a decode replica;
+    the lab's requests then cross by handoff, drawn as its own phase in their swimlanes."""
+    open_as_instructor(page, server, "/steps/10")
+    page.click("#apply-preset")
+    wait_for(page, "window.servelab.lab.levers.prompt_tokens === 1500", 10)
+    wait_for(page, "window.servelab.lab.status === 'serving'", 240)  # the preset's KV budget rebuilt them
+    page.click("[data-kind=scenarios][data-scenario='1']")
+    box = page.locator(".predict-box")
+    expect(box.locator(".predict-question")).to_contain_text("Predict first:")
+    box.locator(".predict-option").first.click()
+    expect(page.locator("#scenario-result")).to_contain_text("Watch:")
+    wait_for(page, "window.servelab.lab.levers.prefill_gpus === 1 && window.servelab.lab.levers.decode_gpus === 1", 10)
+    page.click("#traffic-start")
+    wait_for(page, "window.servelabTraces.rows().some((r) => r.handoff && r.handoff[1] !== null)", 240)
+    expect(page.locator("#chart-swimlanes")).to_contain_text("KV handoff")  # its legend
+    page.click("#traffic-stop")
+    page.evaluate("window.servelab.socket.emit('set_levers', {prefill_gpus: 0, decode_gpus: 0})")
+    wait_for(page, "window.servelab.lab.levers.prefill_gpus === 0", 10)
