@@ -161,3 +161,15 @@ def test_a_remote_lab_says_why_it_cannot_send_prompts_in_words() -> None:
     assert "tokenizer" in belongs_to_remote("prompt_style", "vLLM")
     assert "belongs to the remote server" in belongs_to_remote("num_speculative_tokens", "vLLM")
     assert "ngram" in belongs_to_remote("num_speculative_tokens", "vLLM")
+
+
+def test_a_draft_model_costs_k_passes_of_its_share_of_each_step() -> None:
+    """Leviathan et al.'s c: k guesses take k draft passes, each c of the target's step."""
+    base = SimSpec(
+        model="llama-3.1-70b", device="h100", gpus=4, tp=4, rate=1.0, num_requests=40, input_tokens=1000,
+        output_tokens=200, spec_tokens=4, spec_acceptance=0.7,
+    )
+    free, drafted = run(base), run(dataclasses.replace(base, spec_draft_cost=0.05))
+    assert drafted["tpot_p50_s"] / free["tpot_p50_s"] == pytest.approx(1 + 4 * 0.05, rel=0.06)
+    with pytest.raises(SimConfigError, match="draft cost"):
+        dataclasses.replace(base, spec_draft_cost=1.5).deployment()

@@ -90,6 +90,8 @@ def parser() -> argparse.ArgumentParser:
                         "num_speculative_tokens)")
     r.add_argument("--spec-acceptance", type=float, default=SimSpec.spec_acceptance,
                    help="the chance a guess stands once those before it did: what the drafter achieves on the traffic")
+    r.add_argument("--spec-draft-cost", type=float, default=0.0,
+                   help="a draft pass's time over the target model's step (0: n-gram lookup; a draft model's ratio)")
     r.add_argument("--paged", type=_bool, default=True, help="false: static batches, contiguous max-length KV")
     r.add_argument("--block-size", type=int, default=SimSpec.block_size, help="KV block size in tokens")
     r.add_argument("--prefill-gpus", type=int, default=None, help="with --decode-gpus: disaggregated pools")
@@ -150,7 +152,7 @@ def spec_from(args: argparse.Namespace) -> SimSpec:
         prefix_aware_routing=args.prefix_aware_routing,
         seed=args.seed, admission=args.admission, kv_watermark=args.kv_watermark, prefix_caching=args.prefix_caching, paged=args.paged,
         prefill_first=args.prefill_first, scheduler_steps=args.scheduler_steps, central_queue=args.central_queue,
-        host_profile=args.host_profile, spec_tokens=args.num_speculative_tokens, spec_acceptance=args.spec_acceptance,
+        host_profile=args.host_profile, spec_tokens=args.num_speculative_tokens, spec_acceptance=args.spec_acceptance, spec_draft_cost=args.spec_draft_cost,
         block_size=args.block_size, queue_cap=args.queue_cap, deadline_s=args.deadline_s,
         kill_replica_at_s=args.kill_replica_at, prefill_gpus=args.prefill_gpus, decode_gpus=args.decode_gpus,
         autoscale=args.autoscale, min_replicas=args.min_replicas, max_replicas=args.max_replicas,

@@ -37,6 +37,8 @@ class Deployment:
     # Speculative decoding's chance that a guess stands, given those before it did: what the drafter
     # achieves on this traffic (used only where the engine speculates: num_speculative_tokens).
     spec_acceptance: float = 0.0
+    # A draft pass's time over the target's step (Leviathan et al.'s c): 0 for n-gram lookup.
+    spec_draft_cost: float = 0.0
 
     def __post_init__(self) -> None:
         m, d = self.model, self.device
@@ -46,6 +48,8 @@ class Deployment:
             raise SimConfigError(f"host profile {self.host!r}: choose one of {', '.join(HOST_PROFILES)}")
         if not 0 <= self.spec_acceptance <= 1:
             raise SimConfigError(f"spec acceptance {self.spec_acceptance:g} must be from 0 to 1")
+        if not 0 <= self.spec_draft_cost <= 1:
+            raise SimConfigError(f"spec draft cost {self.spec_draft_cost:g} must be from 0 to 1 (of a target step)")
         if self.kv_dtype not in KV_DTYPES:
             raise SimConfigError(f"kv dtype {self.kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
         if not d.supports(self.dtype):

@@ -112,6 +112,7 @@ SIDE_FIELDS = {f.key: f for f in (
     Field("host_profile", str, choices=HOST_PROFILES),
     Field("num_speculative_tokens", int, 0, 16),
     Field("spec_acceptance", float, 0, 1),
+    Field("spec_draft_cost", float, 0, 1),
     Field("kv_budget_mb", float, 1, 10_000_000),
     Field("queue_cap", int, 1, 1_000_000),
     Field("deadline_s", float, 0.1, 86400),

@@ -5,6 +5,7 @@ model's part of it (all but the host's, StepCost.host_s) in `last_model_s` for t
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -63,11 +64,14 @@ def step_shape(
 
 
 class CostModelRunner:
-    def __init__(self, cost: CostModel, spec_acceptance: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, cost: CostModel, spec_acceptance: float = 0.0, seed: int = 0, spec_draft_cost: float = 0.0) -> None:
         self.cost = cost
         # Speculative decoding: each guess stands with this probability once those before it did
-        # (the i.i.d. acceptance of Leviathan et al. 2023), drawn from a seeded stream.
+        # (the i.i.d. acceptance of Leviathan et al. 2023), drawn from a seeded stream; making k
+        # guesses takes k draft passes, each spec_draft_cost of the step's model time (their c:
+        # about 0 for n-gram lookup, a draft model's cost over the target's).
         self.spec_acceptance = spec_acceptance
+        self.spec_draft_cost = spec_draft_cost
         self._rng = random.Random(seed)
         self.last_cost = ZERO_COST
         self.last_stages: list[StepCost] = [ZERO_COST]  # each pipeline stage's part of last_cost
@@ -76,6 +80,10 @@ class CostModelRunner:
     def execute(self, batch: SchedulerOutput) -> dict[str, int | list[int]]:
         shape, tokens = step_shape(batch, self._accepted)
         self.last_stages = self.cost.stages(shape)
+        if self.spec_draft_cost and (k := max((len(s.spec_token_ids) for s in batch.seqs), default=0)):
+            stage = self.last_stages[0]  # speculation runs on one stage (EngineConfig refuses more)
+            draft_s = k * self.spec_draft_cost * (stage.total_s - stage.host_s)
+            self.last_stages = [dataclasses.replace(stage, overhead_s=stage.overhead_s + draft_s)]
         cost = self.last_cost = summed(self.last_stages)
         self.last_model_s = cost.total_s - cost.host_s  # a replica's step spans total_s
         return tokens
@@ -94,6 +102,6 @@ class CostModelRunner:
 def sim_executor(dep: Deployment, config: EngineConfig) -> Executor:
     """A model spec on a device is enough: the KV plan from the device's memory, no weights."""
     memory = dep.plan_memory(config)
-    runner = CostModelRunner(CostModel(dep), dep.spec_acceptance, config.seed)
+    runner = CostModelRunner(CostModel(dep), dep.spec_acceptance, config.seed, dep.spec_draft_cost)
     name = f"{dep.model.name} on {dep.tp * dep.pp} x {dep.device.name}"
     return Executor(name, dep.shard_cfg, memory, runner, proposer=blind_guesses)

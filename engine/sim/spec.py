@@ -34,6 +34,7 @@ LEVER_FIELDS: dict[str, str] = {
     "system_prompt_tokens": "system_prompt_tokens", "system_prompt_share": "system_prompt_share",
     "prefix_aware_routing": "prefix_aware_routing", "conversation_turns": "conversation_turns",
     "host_profile": "host_profile", "num_speculative_tokens": "spec_tokens", "spec_acceptance": "spec_acceptance",
+    "spec_draft_cost": "spec_draft_cost",
 }  # fmt: skip
 
 
@@ -100,6 +101,7 @@ class SimSpec:
     # the chance each stands once those before it did (Deployment.spec_acceptance).
     spec_tokens: int = 0
     spec_acceptance: float = 0.6
+    spec_draft_cost: float = 0.0  # a draft pass over the target's step: 0 for n-gram lookup (Deployment)
     prefix_caching: bool = False  # random prompts share no prefix; hashing them only costs time
     paged: bool = True  # False: static batches over contiguous max-length KV slabs (EngineConfig.paged)
     block_size: int = 16  # KV block size in tokens (EngineConfig.block_size)
@@ -188,7 +190,8 @@ class SimSpec:
                 "--num-speculative-tokens speculates on the paged scheduler, one pipeline stage, one scheduler step"
             )
         dep = Deployment(
-            model, device, self.tp, self.dtype, self.kv_dtype, self.pp, self.host_profile, self.spec_acceptance
+            model, device, self.tp, self.dtype, self.kv_dtype, self.pp, self.host_profile, self.spec_acceptance,
+            self.spec_draft_cost,
         )
         if self.gpus % self.group:
             raise SimConfigError(f"--gpus {self.gpus} is not a whole number of {self.shape_name} replicas")
