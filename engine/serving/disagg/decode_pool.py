@@ -132,11 +132,15 @@ class DecodePool:
         for replica in list(self.replicas):
             replica.drain()
 
-    def stop(self) -> None:
-        self.winding_down = True
+    def take_waiting(self) -> list[tuple[AddRequest, TokenDelta, queue.Queue]]:
+        """The handoffs still waiting, out of this pool (a rebuild hands them to the next one)."""
         with self._lock:
             waiting, self.waiting = self.waiting, deque()
-        for request, delta, events, _ in waiting:
+        return [(request, delta, events) for request, delta, events, _ in waiting]
+
+    def stop(self) -> None:
+        self.winding_down = True
+        for request, delta, events in self.take_waiting():
             delta.handoff.discard()  # type: ignore[union-attr]
             events.put(RequestError(request.request_id, None, "the server stopped before the handoff"))
         for replica in list(self.replicas):

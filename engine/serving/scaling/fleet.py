@@ -191,12 +191,15 @@ class Fleet(Provisioning, Split, Shutdown):
         with self._lock:
             self.engine_config = engine_config
             self.unservable = None  # a new config may load where the old one could not
-            if self.decode is not None:  # a split's decode replicas drain as the others do
-                self.retiring += self.decode.replicas
-                self.decode.drain()
+            old_pool = self.decode
+            if old_pool is not None:  # a split's decode replicas drain as the others do
+                self.retiring += old_pool.replicas
+                old_pool.drain()
             self.router.config.block_size = engine_config.block_size
             old = list(self.replicas)
             self._start_decode_pool(len(old) if count is None else count)
+            for waiting in old_pool.take_waiting() if old_pool is not None else []:
+                self._hand_off(*waiting)  # to the new pool, or said in the stream if the split is gone
             for replica in old:
                 self.retire(replica)
             for order in list(self.orders):
