@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from bench.serving_bench import RESULTS, run_engine_workload, start_servelab, stop
-from engine.serving.replicas.replica import replica_pids
+from engine.serving.replicas.replica_process import replica_pids
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -128,6 +128,7 @@ class Sequence:
     # its first token, its prompt's KV blocks copied out here before they are freed.
     export_kv: bool = False
     exported_kv: Any = None  # torch.Tensor [layers, 2, blocks, block_size, kv_heads, head_dim]
+    handed_over: bool = False  # on a decode replica, until its first step there (the step record's handoff)
     # In a batch still going through a replica's pipeline stages: not scheduled again, nor
     # preempted, until that batch lands (its next token depends on it).
     in_flight: bool = False

@@ -20,15 +20,17 @@ if TYPE_CHECKING:
     from engine.scheduler import SchedulerOutput
     from engine.sequence import Sequence
 
-Phase = Literal["prefill", "decode"]
+Phase = Literal["prefill", "decode", "handoff"]
 PREFILL: Phase = "prefill"
 DECODE: Phase = "decode"
+HANDOFF: Phase = "handoff"  # a handed-over prompt landing on a decode replica: its last partial block computed
 STEP_RING = 256  # records kept until a replica ships them (a few hundred ms of steps, live)
 
 
 class StepEntry(NamedTuple):  # immutable, and a third of a frozen dataclass's cost to make (every seq, every step)
     request_id: str
-    phase: Phase  # prefill: prompt tokens (or a preempted request's recompute); decode: one new token
+    phase: Phase  # prefill: prompt tokens (or a preempted request's recompute); decode: one new token;
+    # handoff: a prompt handed over by a prefill replica, its KV imported, the rest computed here
     tokens: int
 
 
@@ -82,7 +84,7 @@ def step_record(
     """Read before the step's tokens are counted: a sequence is still prefilling while its
     computed tokens are short of its prompt (after a preemption, of everything it had)."""
     entries = tuple(
-        StepEntry(seq.request_id, DECODE if n == 1 and _decoding(seq) else PREFILL, n)
+        StepEntry(seq.request_id, DECODE if n == 1 and _decoding(seq) else HANDOFF if seq.handed_over else PREFILL, n)
         for seq, n in zip(batch.seqs, batch.num_new_tokens)
     )
     preempted = tuple(seq.request_id for seq in batch.preempted)

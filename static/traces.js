@@ -222,6 +222,7 @@
     const height = top + barsH + gap + seqH + gap + timeH + bottom;
     const { svg, width, note } = frame(container, height, [
       ["prefill chunk (a colour per request)", "hsl(210,70%,45%)"], ["decode tokens (lighter)", "hsl(210,70%,80%)"],
+      ["KV handoff landing (its last block computed here)", "#be4bdb"],
       ["max_batched_tokens", "#e03131"], ["sequences / max_num_seqs", "#7048e8"],
       ["step time: model (forward + sampling)", "#adb5bd"], ["step time: host (schedule, inputs, outputs)", "#f59f00"],
     ]);
@@ -245,13 +246,14 @@
       let acc = 0;
       // Many decodes in one step are one segment per request only while they stay visible.
       const parts = decodes.length > 48
-        ? s.entries.filter((e) => e.phase === "prefill").concat([{ request_id: decodes.length + " decodes", phase: "decode", tokens: decodes.length }])
+        ? s.entries.filter((e) => e.phase !== "decode").concat([{ request_id: decodes.length + " decodes", phase: "decode", tokens: decodes.length }])
         : s.entries;
       for (const e of parts) {
         const y1 = yTok(acc), y2 = yTok(acc + e.tokens);
         const light = e.phase === "decode" ? "80%" : "45%";
+        const fill = e.phase === "handoff" ? PHASES.handoff[1] : "hsl(" + hue(e.request_id) + ",70%," + light + ")";
         el("rect", { class: "bar-seg", "data-phase": e.phase, x: x0 + 1, y: y2, width: Math.max(1, bw - 2),
-          height: Math.max(0.5, y1 - y2), fill: "hsl(" + hue(e.request_id) + ",70%," + light + ")" }, g);
+          height: Math.max(0.5, y1 - y2), fill: fill }, g);
         acc += e.tokens;
       }
       el("line", { class: "budget", x1: x0, x2: x0 + bw, y1: yTok(s.max_batched_tokens), y2: yTok(s.max_batched_tokens) }, g);
@@ -262,9 +264,15 @@
       el("rect", { class: "step-time", x: x0 + 1, y: timeTop + timeH - th + hh, width: Math.max(1, bw - 2), height: th - hh }, g);
       el("rect", { class: "step-host", x: x0 + 1, y: timeTop + timeH - th, width: Math.max(1, bw - 2), height: hh }, g);
       const prefill = s.entries.filter((e) => e.phase === "prefill").map((e) => e.request_id + " " + e.tokens).join(", ");
+      // A handed-over prompt: its KV came from the prefill replica (the bytes on its trace row).
+      const landed = s.entries.filter((e) => e.phase === "handoff").map((e) => {
+        const r = rows.get(e.request_id), h = r && r.handoff;
+        return e.request_id + " (" + (h ? (h[2] / 1e6).toFixed(1) + " MB imported, " : "") + e.tokens + " computed)";
+      }).join(", ");
       title(g, "replica " + s.replica + " · step " + ms(s.end - s.start) + " (model " + ms(s.end - s.start - hostOf(s)) +
         ", host " + ms(hostOf(s)) + ")\n" + total + " of " + s.max_batched_tokens +
         " tokens, " + s.entries.length + " of " + s.max_num_seqs + " sequences\nprefill: " + (prefill || "none") +
+        (landed ? "\nKV handoff landed: " + landed : "") +
         "\ndecode: " + decodes.length + " token(s)" + (s.preempted.length ? "\npreempted: " + s.preempted.join(", ") : ""));
     });
     if (shown.length) {

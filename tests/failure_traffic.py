@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from engine.sampling_params import SamplingParams
 from engine.sequence import RequestTimes
 from engine.serving.replicas.messages import RequestError, TokenDelta
-from engine.serving.replicas.replica import replica_pids
+from engine.serving.replicas.replica_process import replica_pids
 from engine.serving.routing.router import AdmissionError
 from engine.serving.scaling.fleet import Fleet
 from tests.waiting import wait_for

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.serving.replicas.replica import replica_pids
+from engine.serving.replicas.replica_process import replica_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 

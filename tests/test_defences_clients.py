@@ -26,7 +26,7 @@ from engine.lab.live.lab_clients import Attempt
 from engine.launch.api_server import RequestLog
 from engine.serving.load.loadgen import HttpTarget, make_requests, now, run_load
 from engine.serving.load.loadgen_metrics import RequestRecord
-from engine.serving.replicas.replica import replica_pids
+from engine.serving.replicas.replica_process import replica_pids
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.serving.telemetry.snapshot import FleetSnapshot

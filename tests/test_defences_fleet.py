@@ -27,7 +27,8 @@ from engine.lab.simulated.lab_sim import SimLab
 from engine.levers import LEVERS
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import AddRequest, RequestError, TokenDelta
-from engine.serving.replicas.replica import ReplicaHandle, replica_pids
+from engine.serving.replicas.replica import ReplicaHandle
+from engine.serving.replicas.replica_process import replica_pids
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig

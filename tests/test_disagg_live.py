@@ -77,6 +77,14 @@ def test_a_split_fleet_streams_what_one_engine_makes_alone(fleet: Fleet) -> None
     sent, landed, moved = row["handoff"]
     assert landed is not None and landed >= sent and moved == bus.kv_handoff_bytes > 0
     assert row["replica"] == decoder.replica_id and row["outcome"] == "finished"
+    assert row["output_tokens"] == GREEDY.max_tokens
+    # In the batch chart, the decode replica's step that landed it: only the last partial block
+    # (and the first token, now a prompt token) computed there.
+    landed = [
+        (step["replica"], e["tokens"]) for step in fleet.traces.full()["steps"] for e in step["entries"]
+        if e["request_id"] == "split-1" and e["phase"] == "handoff"
+    ]  # fmt: skip
+    assert landed == [(decoder.replica_id, len(ids) + 1 - len(ids) // 16 * 16)]
     assert "servelab_kv_handoffs_total 1" in fleet.metrics_text()
 
 

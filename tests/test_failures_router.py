@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
-from engine.serving.replicas.replica import ReplicaHandle, replica_pids
+from engine.serving.replicas.replica import ReplicaHandle
+from engine.serving.replicas.replica_process import replica_pids
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig

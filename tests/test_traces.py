@@ -212,3 +212,28 @@ def test_the_step_ring_keeps_only_the_newest() -> None:
     for i in range(5):
         ring.append(StepRecord(0, float(i), i + 0.5, 64, 4, (), ()))
     assert [r.start for r in ring.take()] == [2.0, 3.0, 4.0] and len(ring) == 0
+
+
+def test_a_handed_off_request_shows_its_handoff_then_decodes_on_the_other_replica() -> None:
+    """A prefill/decode split (engine/serving/disagg/): the prefill replica's last delta carries
+    the KV; the decode replica's first step lands it (its step entry's phase is handoff)."""
+    from engine.kv_segment import SharedKV
+    from engine.sequence import RequestTimes
+    from engine.serving.replicas.messages import StepMessage, TokenDelta
+    from engine.step_record import StepEntry
+
+    clock = VirtualClock(10.0)
+    traces = RequestTraces(clock)
+    traces.admitted("r", None, 0, 40, 4, 10.0)
+    traces.dispatched("r", 0)
+    traces.observe(StepMessage(0, 10.5, steps=[StepRecord(0, 10.2, 10.5, 64, 8, (StepEntry("r", "prefill", 40),), ())]))
+    shared = SharedKV("psm_test", (30, 2, 2, 16, 3, 64), "float32")
+    first = TokenDelta("r", [7], "x", False, None, 40, 0, RequestTimes(10.0, scheduled=10.2, first_token=10.5, tokens=[10.5]),
+                       True, handoff=shared)  # fmt: skip
+    traces.observe(StepMessage(0, 10.5, [first]))
+    row = next(r for r in traces.rows() if r["id"] == "r")
+    assert row["outcome"] == "handoff" and row["handoff"] == [10.5, None, float(shared.nbytes)]
+    traces.observe(StepMessage(1, 10.8, steps=[StepRecord(1, 10.6, 10.8, 64, 8, (StepEntry("r", "handoff", 9),), ())]))
+    row = next(r for r in traces.rows() if r["id"] == "r")
+    assert row["handoff"][1] == 10.6 and row["replica"] == 1 and row["outcome"] == "decode"
+    assert row["output_tokens"] == 2 and row["scheduled"] == 10.2  # its first batch stays the prefill's

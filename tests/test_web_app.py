@@ -8,61 +8,42 @@ import http.client
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Page, expect
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from engine.levers import LEVERS
-from tests.server_process import ROOT, ServerProcess, kv_budget_mb
+from tests.server_process import ServerProcess, kv_budget_mb
+from tests.support.app_page import (
+    ARTIFACTS,
+    TOKEN,
+    collect_events,
+    lab_value,
+    needs_chromium,
+    open_as_instructor,
+    predict_first_card,
+    screenshot,
+    set_levers,
+    wait_for,
+)
 from web.lessons import TRACE_CHARTS, LessonLibrary
 
-CHROMIUM = "/usr/bin/chromium"
-TOKEN = "teacher-secret"
 API_KEY = "outside-client-key"
-ARTIFACTS = ROOT / "tests" / "artifacts"
 PAGES = ["/", *(f"/steps/{lesson.step}" for lesson in LessonLibrary().lessons()), "/lab", "/authoring"]
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
     # A small KV budget and batch keep the engine light on a 2-core machine; the levers still move.
     proc = ServerProcess(
-        "--kv-budget-mb",
-        kv_budget_mb(64),
-        "--max-num-seqs",
-        "16",
-        command=("app.py",),
+        "--kv-budget-mb", kv_budget_mb(64), "--max-num-seqs", "16", command=("app.py",),
         env={"SERVELAB_INSTRUCTOR_TOKEN": TOKEN},
         api_keys=API_KEY,  # the pages keep working with keys set; outside clients need one
-    )
+    )  # fmt: skip
     yield proc
     proc.stop()
-
-
-def screenshot(page: Page, name: str) -> None:
-    """A picture for a person, taken mid-flood: a page whose machine is busy with the flood may
-    not settle for a full-page capture in time, and a missing picture fails no behaviour."""
-    try:
-        page.screenshot(path=str(ARTIFACTS / name), full_page=True, timeout=15_000)
-    except PlaywrightTimeout:
-        print(f"screenshot {name}: the page did not settle in 15 s (skipped)")
-
-
-def open_as_instructor(page: Page, server: ServerProcess, path: str) -> None:
-    page.goto(f"{server.base_url}{path}?token={TOKEN}")
-    page.wait_for_function("window.servelab && window.servelab.role === 'instructor' && window.servelab.snapshots > 0")
-
-
-def lab_value(page: Page, key: str) -> object:
-    return page.evaluate(f"window.servelab.lab.levers[{key!r}]")
-
-
-def wait_for(page: Page, expression: str, timeout_s: float = 60) -> None:
-    page.wait_for_function(expression, timeout=timeout_s * 1000)
 
 
 def test_every_page_loads_shows_its_levers_and_streams_charts(server: ServerProcess, page: Page) -> None:
@@ -264,17 +245,6 @@ def test_socketio_refuses_a_foreign_origin(server: ServerProcess) -> None:
     assert handshake("http://evil.example") == 400
 
 
-def collect_events(page: Page) -> None:
-    page.evaluate(
-        "window.servelab.events = []; window.servelab.socket.on('event', e => window.servelab.events.push(e))"
-    )
-
-
-def set_levers(page: Page, levers: str) -> None:
-    ack = page.evaluate(f"new Promise(r => window.servelab.socket.emit('set_levers', {levers}, r))")
-    assert ack["ok"], ack
-
-
 def test_step_6_shards_the_live_model_and_shows_the_collectives(server: ServerProcess, page: Page) -> None:
     open_as_instructor(page, server, "/steps/6")
     page.click("#apply-preset")
@@ -373,16 +343,6 @@ def test_step_3_long_prompt_is_answered_with_keys_set(server: ServerProcess, pag
     except AssertionError as exc:  # say what the fleet looked like: which replica held what
         snapshot = page.evaluate("JSON.stringify(window.servelab.last)")
         raise AssertionError(f"{exc}\nthe latest snapshot: {snapshot[:4000]}") from None
-
-
-def predict_first_card(page: Page, guess: str) -> None:
-    """Open the page's first 'Try these' card, type the number it asks for, and see what to watch."""
-    page.click("[data-kind=scenarios][data-scenario='0']")
-    box = page.locator(".predict-box")
-    expect(box.locator(".predict-question")).to_contain_text("Predict first:")
-    box.locator(".predict-number input").fill(guess)
-    box.locator(".predict-number button").click()
-    expect(page.locator("#scenario-result")).to_contain_text("Watch:")
 
 
 def test_step_9_shares_a_system_prompt_and_the_hit_rate_shows_it(server: ServerProcess, page: Page) -> None:

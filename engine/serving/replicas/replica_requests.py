@@ -47,6 +47,7 @@ class ReplicaRequests:
             assert cmd.first_token_at is not None
             seq.times.first_token = cmd.first_token_at
             seq.times.tokens.append(cmd.first_token_at)
+            seq.handed_over = True
             self.handed_over.add(cmd.request_id)
         seq.export_kv = cmd.handoff
         return seq
@@ -56,6 +57,7 @@ class ReplicaRequests:
         first = bool(out.new_token_ids) and len(seq.times.tokens) == len(out.new_token_ids)
         times = copy.deepcopy(seq.times) if first or out.finished else None
         handed = seq.request_id in self.handed_over
+        seq.handed_over = False  # its first step here has been recorded
         if out.finished:
             self.handed_over.discard(seq.request_id)
         delta = TokenDelta(

@@ -263,7 +263,7 @@ class RequestTraces:
             row = rows.get(entry.request_id)
             if row is None or row.ended:
                 continue
-            if entry.phase == "prefill" or row.outcome is not Outcome.DECODE or record.end - row._sent >= REFRESH_S:
+            if entry.phase != "decode" or row.outcome is not Outcome.DECODE or record.end - row._sent >= REFRESH_S:
                 self._changed[row.id] = None
             if row.outcome is Outcome.HANDOFF and row.handoff is not None:  # landed: the decode replica's first step
                 row.handoff[1] = record.start
@@ -274,6 +274,8 @@ class RequestTraces:
                 row.chunks.append([record.start, entry.tokens])
                 row.outcome = Outcome.PREFILL
                 row._prefill_end = record.end
+            elif entry.phase == "handoff":  # landed: the last partial block computed, a token made
+                row._decode(1, record.end)
             else:
                 row._decode(entry.tokens, record.end)
 
