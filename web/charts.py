@@ -26,5 +26,6 @@ CHARTS = {  # the live charts a lesson may name, with the title a page gives eac
     "stage_steps": "Pipeline stages, batch by batch: where each stage worked, and where it idled (the bubble)",
 }
 TRACE_CHARTS = frozenset({"swimlanes", "batch_steps", "stage_steps"})  # the charts above that are not Plotly series
-# The charts only an engine of ours can feed: the traces, and the pipeline stages' busy time.
-OWN_ENGINE_CHARTS = TRACE_CHARTS | {"stage_idle"}
+# The charts only an engine of ours feeds: the traces, the pipeline stages' busy time, and (not yet
+# read from a remote's metrics: engine/lab/remote/remote_metrics.py) TPOT and speculation's counts.
+OWN_ENGINE_CHARTS = TRACE_CHARTS | {"stage_idle", "tpot", "speculation"}

@@ -50,8 +50,9 @@ def index() -> str:
 
 
 def _drawable(charts: Iterable[str]) -> list[str]:
-    """The charts this lab can feed: the swimlanes, the batch and stage charts need an engine of
-    ours (a remote lab has no request traces or stage timings, only the remote's aggregates)."""
+    """The charts this lab can feed: the swimlanes, the batch and stage charts, TPOT and speculation
+    need an engine of ours (a remote lab reads no request traces or stage timings, only the
+    remote's aggregates it knows: web/charts.py OWN_ENGINE_CHARTS)."""
     names = list(charts)
     return names if lab().traces is not None else [c for c in names if c not in OWN_ENGINE_CHARTS]
 
