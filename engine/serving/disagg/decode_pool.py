@@ -16,11 +16,11 @@ import dataclasses
 import logging
 import queue
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from engine.clock import Clock
 from engine.config import EngineConfig
 from engine.serving.replicas.messages import AddRequest, RequestError, TokenDelta
 from engine.serving.replicas.replica_api import ENDED, ReplicaState
@@ -37,7 +37,7 @@ DecodeFactory = Callable[[EngineConfig, list[int]], Any]
 class DecodePool:
     def __init__(
         self, make: DecodeFactory, config: EngineConfig, cores: list[list[int]], events: EventLog,
-        was_aborted: Callable[[str], bool],
+        was_aborted: Callable[[str], bool], clock: Clock,
     ) -> None:
         """cores: one list per decode replica. was_aborted(request_id): its client went away
         before the handoff (the router remembers), so it is not decoded for nobody."""
@@ -45,14 +45,14 @@ class DecodePool:
         self.config = decode_config(config)
         self.events = events
         self._was_aborted = was_aborted
+        self.clock = clock  # the fleet's: how long a handoff has waited
         self._lock = threading.Lock()
         self.replicas: list[Any] = [self._start(c) for c in cores]
         self.handoffs = 0
         self.handoff_bytes = 0
         self.winding_down = False  # drained or stopped as a whole: ended replicas are not replaced
         self.wait_s = HANDOFF_WAIT_S
-        # Handoffs waiting for a ready decode replica: (request, its delta, its events, since). A
-        # live pool's own wall time: the front process's, as the replica handles' watchdogs.
+        # Handoffs waiting for a ready decode replica: (request, its delta, its events, since).
         self.waiting: deque[tuple[AddRequest, TokenDelta, queue.Queue, float]] = deque()
 
     def _start(self, cores: list[int]) -> Any:
@@ -65,13 +65,13 @@ class DecodePool:
         waiting for one."""
         assert delta.handoff is not None and delta.times is not None and delta.times.first_token is not None
         with self._lock:
-            self.waiting.append((request, delta, events, time.monotonic()))
+            self.waiting.append((request, delta, events, self.clock.now()))
         self.place_waiting()
 
     def place_waiting(self) -> None:
         """Send the waiting handoffs on, oldest first, while a decode replica is ready; fail those
         that waited past wait_s, and drop those whose client went away."""
-        now = time.monotonic()
+        now = self.clock.now()
         while True:
             with self._lock:
                 if not self.waiting:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import time
 from typing import Any
 
 from engine.kv_handoff import caches_of, import_prompt, read_shared, write_shared
@@ -66,11 +65,12 @@ class ReplicaRequests:
             prompt_logprobs=seq.prompt_logprobs if first and seq.params.prompt_logprobs is not None else None,
         )  # fmt: skip
         if seq.exported_kv is not None and out.finish_reason == FinishReason.LENGTH:
-            started = time.perf_counter()
+            clock = self.engine.clock  # the engine's clock (wall time in a live replica)
+            started = clock.now()
             shared = write_shared(seq.exported_kv)
             seq.exported_kv = None
             # Not finished: it decodes on; the front hands it to a decode replica.
             delta = dataclasses.replace(
-                delta, finished=False, finish_reason=None, handoff=shared, handoff_s=time.perf_counter() - started
+                delta, finished=False, finish_reason=None, handoff=shared, handoff_s=clock.now() - started
             )
         return delta

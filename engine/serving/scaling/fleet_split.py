@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from engine.clock import Clock
 from engine.config import EngineConfig
 from engine.serving.disagg.decode_pool import DecodePool
 from engine.serving.replicas.cores import split_cores
@@ -28,6 +29,7 @@ class Split:
     _cores: dict[int, list[int]]
     _next_id: int
     _lock: threading.RLock
+    clock: Clock
     observe_replica: Callable[[StepMessage], None]
 
     def _start_decode_pool(self, serving: int) -> None:
@@ -45,7 +47,7 @@ class Split:
             self._cores[replica_id] = cores
             return self.replica_factory(replica_id, config, cores=cores, on_message=self.observe_replica)
 
-        self.decode = DecodePool(make, self.engine_config, cores, self.events, self.router.was_aborted)
+        self.decode = DecodePool(make, self.engine_config, cores, self.events, self.router.was_aborted, self.clock)
         self.router.downstream = self.decode.replicas
 
     def _hand_off(self, request: Any, delta: Any, events: Any) -> None:
