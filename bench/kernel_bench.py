@@ -1,4 +1,4 @@
-"""Decode attention kernel bandwidth on a CUDA GPU (bench/gpu_check.sh runs it).
+"""Decode attention kernel bandwidth on a CUDA GPU (a longer run beside bench/device_check).
 
 Times the Triton `paged_attention_decode` with `triton.testing.do_bench` (median, L2 flushed before
 every run) in bf16, block size 16, shuffled block tables, for batch 1..128 x context 512..8192,

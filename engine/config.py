@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidParamError
 
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 # "auto": bf16 where the device multiplies it natively, else fp32 (engine/machine.py decides).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # How the scheduler admits against KV memory. "greedy" (vLLM): a prompt's blocks are enough, and
@@ -32,14 +34,21 @@ IN_PLACE_FIELDS = frozenset({
 class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None means the default SmolLM2 GGUF
     dtype: str = "auto"  # DTYPES; what it resolves to and why: engine/machine.py
-    device: str = "cpu"
+    # "auto": the first CUDA device where torch sees one, else the CPU (engine/machine.py
+    # resolve_device); "cpu", "cuda" (cuda:0) or "cuda:N". A replica of several ranks takes N onwards.
+    device: str = "auto"
     quantization: str = "none"  # QUANTIZATIONS
     kv_cache_dtype: str = "auto"  # KV_CACHE_DTYPES
     # Paged KV cache + continuous batching; False is static batches over contiguous KV slabs.
     paged: bool = True
     block_size: int = 16
     kv_budget_mb: float | None = None  # None: what memory_cap_mb leaves after weights/activations
-    memory_cap_mb: float = 2048.0  # per-device memory the replica may use in all
+    memory_cap_mb: float = 2048.0  # per-device memory the replica may use in all (the CPU)
+    # On CUDA, the share of the card's memory this replica may use in all (vLLM's
+    # --gpu-memory-utilization): the KV cache gets what this leaves once the weights, one profiled
+    # widest step and the CUDA runtime's own memory (context, cuBLAS, NCCL) are measured; memory_cap_mb
+    # does not apply there. What other processes hold on the card comes out of it too.
+    gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 64
     max_batched_tokens: int = 2048
     chunked_prefill: bool = True
@@ -79,6 +88,10 @@ class EngineConfig:
     collective_timeout: bool = True
     # Kernels whose reduction order does not depend on the batch (a cost, not a defence).
     batch_invariant: bool = False
+    # CUDA graphs for decode-only steps (engine/cuda_graphs.py): each padded batch size's forward
+    # is captured once and replayed, so a small model's decode is not bound by ~600 kernel launches;
+    # kept only for the sizes where the replay measured faster at capture. CUDA, one rank only.
+    cuda_graphs: bool = True
     # Two scheduling policies of the 2024 Python engines, for the simulator's checks against their
     # published runs (bench/sim_latency.py); neither is a lab lever. prefill_first: a step runs
     # prompt work only whenever a prompt can be scheduled, else the running decodes alone (vLLM v0's
@@ -102,6 +115,11 @@ class EngineConfig:
         self.validate()
 
     def validate(self) -> None:
+        if not isinstance(self.device, str) or not DEVICE_PATTERN.fullmatch(self.device):
+            raise InvalidParamError("device", f"must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        utilisation = self.gpu_memory_utilization
+        if isinstance(utilisation, bool) or not isinstance(utilisation, (int, float)) or not 0 < utilisation <= 1:
+            raise InvalidParamError("gpu_memory_utilization", f"must be a fraction in (0, 1], got {utilisation!r}")
         if self.dtype not in DTYPES:
             raise InvalidParamError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         positive_ints = (

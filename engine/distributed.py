@@ -6,14 +6,20 @@ Rank 0 is the engine's own process: it runs the scheduler, the block manager and
 it is TP rank 0 of the first stage. The other ranks are spawned here (engine/rank_worker.py); each
 loads the model, keeps its stage's layers (engine/model/sharding.py keep_stage) and its TP shard of
 them, and its own KV cache for those layers (the same block ids), and runs every step rank 0 sends
-it down a pipe. The process group (gloo on CPU, NCCL on CUDA) carries the rest:
+it down a pipe. Process groups (gloo on CPU, NCCL on CUDA; rank r on GPU base + r) carry the rest:
 
   inside a stage   all-reduces over the stage's TP group (o and down are row-parallel: 2 a layer)
-  stage to stage   the residual stream, point-to-point: TP rank t of stage s sends it to TP rank t
-                   of stage s + 1; the last stage's TP rank 0 computes the logits of the rows to
-                   sample (the final norm and the LM head, as vLLM's last stage does) and sends
-                   them back to rank 0, which samples (the residual stream of every token, where
+  stage to stage   the residual stream, point-to-point on the "forward" group: TP rank t of stage
+                   s sends it to TP rank t of stage s + 1
+  back to rank 0   on the "back" group: the last stage's TP rank 0 computes the logits of the
+                   rows to sample (the final norm and the LM head, as vLLM's last stage does) and
+                   sends them to rank 0, which samples (the residual stream of every token, where
                    a step's prompt logprobs need them all)
+
+Each point-to-point op is a batch_isend_irecv on its direction's group, in the order
+engine/p2p.py's programme gives: one communicator a direction is what keeps NCCL's rendezvous
+sends from deadlocking with batches in flight both ways (the reason is there, and a simulator
+that shows it in tests/test_p2p_programme.py).
 
 Heads split by KV group, as evenly as they go, so tp may be at most the number of KV heads; the
 layers split as vLLM splits them, so pp may be at most the number of layers. Every rank plans its
@@ -23,12 +29,17 @@ Overlap (engine/pipelined_steps.py): rank 0 hands a batch to the second stage an
 batch while it is there, up to pipeline_parallel batches in flight (vLLM's virtual engines).
 
 A rank that stops answering fails the whole group: every collective and every wait for the last
-stage has COLLECTIVE_TIMEOUT_S, after which rank 0 kills every worker (SIGKILL works on a stopped
-process too) and raises ShardGroupError; workers die with their parent (PR_SET_PDEATHSIG) and leave
-on a broken pipe. With the defence lever `collective_timeout` off (EngineConfig), ServeLab sets no
-timeout of its own: the group gets torch's built-in default (gloo cannot wait forever, but its
-default is half an hour), and the replica arms no step watchdog (engine/serving/replicas/replica.py),
-so a stopped rank leaves rank 0 waiting while its heartbeats still say it is alive.
+stage has COLLECTIVE_TIMEOUT_S. On gloo the call raises: rank 0 kills every worker (SIGKILL works on
+a stopped process too) and raises ShardGroupError; workers die with their parent (PR_SET_PDEATHSIG)
+and leave on a broken pipe. On NCCL a call only queues work, so nothing raises: each process
+group's watchdog takes its process down (engine/ranks.py nccl_environment says how, and how the
+front process sees it), and with it the workers. With the defence lever `collective_timeout` off
+(EngineConfig), ServeLab sets no timeout of its own: the group gets torch's built-in default (gloo
+cannot wait forever, but its default is half an hour; NCCL's is 10 minutes), and the replica arms no
+step watchdog (engine/serving/replicas/replica.py), so a stopped rank leaves rank 0 waiting while
+its heartbeats still say it is alive.
+
+Times come from the device (engine/span_timer.py): CUDA events on CUDA, the clock on the CPU.
 """
 
 from __future__ import annotations
@@ -48,9 +59,8 @@ from engine.collectives import (
     COLLECTIVE_TIMEOUT_S,
     START_TIMEOUT_S,
     AllReduceTimer,
-    StageSender,
+    StageLink,
     join_group,
-    receive_rows,
     step_to_wire,
     world_size,
 )
@@ -58,7 +68,9 @@ from engine.config import EngineConfig
 from engine.machine import affinity, set_affinity
 from engine.model.llama import AttentionBatch, Llama
 from engine.model.partition import split_evenly, stage_layers
+from engine.p2p import Direction
 from engine.ranks import pp_stats, tp_stats  # noqa: F401 - tp_stats re-exported
+from engine.span_timer import SpanTimer
 from engine.stage_clock import StageClock
 
 
@@ -123,17 +135,18 @@ class ShardGroup:
         if self.cores:
             set_affinity(self.cores[0])
             torch.set_num_threads(len(self.cores[0]))
-        self.timer = AllReduceTimer(on_error=self._collective_failed)
+        self.timer = AllReduceTimer(on_error=self._collective_failed, device=config.device)
         self.rank_weight_bytes: list[int] = []
         self.rank_num_blocks: list[int] = []
         self.rank_kv_block_bytes: list[int] = []
         self.stage_clocks = [StageClock() for _ in range(self.pp)]
         # Each stage's (start, end) on each batch, oldest first, until the batch lands.
         self.stage_spans: list[deque[tuple[float, float]]] = [deque(maxlen=64) for _ in range(self.pp)]
+        self.first_stage = SpanTimer(config.device)  # this process's own, read as each batch lands
         self.model: Llama | None = None
         self.num_layers = 0
-        self.sender: StageSender | None = None
-        self._step_began = 0.0
+        self.pipe_groups: dict[Direction, Any] = {}
+        self.link: StageLink | None = None
         self._later_wire: tuple[str, dict[str, Any]] | None = None
         self.closed = False
         self._store = store
@@ -150,9 +163,10 @@ class ShardGroup:
             self.rank_num_blocks.append(num_blocks)
             self.rank_kv_block_bytes.append(block_bytes)
         try:
-            self.timer.group = join_group(self.config, 0, self._store.port, self._store)
+            groups = join_group(self.config, 0, self._store.port, self._store)
         except Exception as exc:  # noqa: BLE001
             self._fail(f"the process group did not form: {exc}")
+        self.timer.group, self.pipe_groups = groups.stage, groups.pipe
 
     @property
     def pids(self) -> list[int]:
@@ -168,7 +182,7 @@ class ShardGroup:
             model.all_reduce = self.timer
         self.model = model
         if self.pp > 1:
-            self.sender = StageSender(self.tp, self.pp)
+            self.link = StageLink(0, self.tp, self.pp, self.pipe_groups, self.pp)
         self.rank_weight_bytes = [weight_bytes, *self.rank_weight_bytes]
         self.rank_kv_block_bytes = [block_bytes, *self.rank_kv_block_bytes]
         blocks = min([num_blocks, *self.rank_num_blocks])
@@ -188,25 +202,26 @@ class ShardGroup:
         msg = ("step", step_to_wire(input_ids, positions, attn, logit_rows))
         self._send(msg, self.conns[: self.tp - 1])
         self._later_wire = msg
-        self._step_began = time.monotonic()
+        if self.pp > 1:
+            self.first_stage.start()
 
     def pass_on(self, hidden: torch.Tensor) -> None:
         """After rank 0's forward: the step to the later stages, the first stage's output to the second."""
-        self._record(0, self._step_began, time.monotonic())
-        assert self.sender is not None and self._later_wire is not None
+        self.first_stage.stop()
+        assert self.link is not None and self._later_wire is not None
         self._send(self._later_wire, self.conns[self.tp - 1 :])
         try:
-            self.sender.send(hidden)
+            self.link.send(hidden)
         except Exception as exc:  # noqa: BLE001 - a stage that never takes it
             self._collective_failed(exc)
 
     def take_back(self, num_rows: int, width: int) -> torch.Tensor:
         """What the last stage sends back for a batch rank 0 passed on (in the order they went):
         the logits of its sampled rows, or the residual stream of every token."""
-        assert self.model is not None
+        assert self.model is not None and self.link is not None
         timeout = COLLECTIVE_TIMEOUT_S if self.config.collective_timeout else None
         try:
-            rows = receive_rows(num_rows, width, self.model, (self.pp - 1) * self.tp, timeout)
+            rows = self.link.receive(num_rows, width, self.model, timeout)
         except Exception as exc:
             self._collective_failed(exc)
             raise  # unreachable: _collective_failed raises
@@ -214,7 +229,10 @@ class ShardGroup:
         return rows
 
     def landed_stages(self) -> tuple[tuple[float, float], ...]:
-        """Each stage's (start, end) on the batch that just came back (stages work in order)."""
+        """Each stage's (start, end) on the batch that just came back (stages work in order). The
+        first stage's is read now: on CUDA its events are long done (the batch went on from it)."""
+        for start, end in self.first_stage.spans(1):
+            self._record(0, start, end)
         return tuple(spans.popleft() for spans in self.stage_spans if spans)
 
     def stats(self) -> dict[str, Any]:

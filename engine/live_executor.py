@@ -13,8 +13,10 @@ import torch
 
 from engine import machine
 from engine.config import EngineConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.distributed import ShardGroup, world_size
 from engine.executor import Executor
+from engine.gpu_memory import TorchCudaProbe, plan_on_card, start_reading
 from engine.kernels import pick_impl
 from engine.memory import plan_kv_blocks
 from engine.model import int8_linear
@@ -57,8 +59,15 @@ def load_live(config: EngineConfig) -> LiveParts:
     _make_startup_visible()
     # dtype "auto" becomes what this machine runs best (engine/machine.py); every rank and
     # every later reader of the config sees the resolved dtype.
-    dtype_name, dtype_reason = machine.resolve_dtype(config.dtype, config.device)
-    config = config.replace(dtype=dtype_name)
+    # device "auto" becomes CUDA where torch sees a GPU (cuda:N, N honoured), else the CPU.
+    device = machine.resolve_device(config.device, ranks=world_size(config))
+    dtype_name, dtype_reason = machine.resolve_dtype(config.dtype, device)
+    config = config.replace(dtype=dtype_name, device=device)
+    cuda_start = None
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+        probe = TorchCudaProbe(device)
+        cuda_start = start_reading(probe)  # before anything of ours is on the card
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     torch.manual_seed(config.seed)
@@ -80,7 +89,10 @@ def load_live(config: EngineConfig) -> LiveParts:
         quantize_model(model, config.quantization, config.device)
         if group is not None:
             group.connect()
-        memory = plan_kv_blocks(config, model, kv_dtype)
+        if cuda_start is not None:
+            memory = plan_on_card(config, model, kv_dtype, probe, cuda_start, profile=group is None)
+        else:
+            memory = plan_kv_blocks(config, model, kv_dtype)
         if group is not None:  # the rank with the least room sets the block count for all
             blocks = group.start(model, num_layers, memory.weight_bytes, memory.num_blocks, memory.bytes_per_block)
             memory = dataclasses.replace(memory, num_blocks=blocks)
@@ -89,7 +101,10 @@ def load_live(config: EngineConfig) -> LiveParts:
             group.close()
         raise
     tokenizer = load_tokenizer(path)
-    runner = ModelRunner(model, memory.num_blocks, config.block_size, kv_dtype, config.device, config.huge_pages)
+    graphs = _wants_graphs(config, model, group)
+    runner = ModelRunner(
+        model, memory.num_blocks, config.block_size, kv_dtype, config.device, config.huge_pages, scratch_block=graphs
+    )
     if group is not None:
         runner.on_step = group.send_step
         if config.pipeline_parallel > 1:
@@ -105,6 +120,14 @@ def load_live(config: EngineConfig) -> LiveParts:
         log.info("compile: skipped (an fp8 KV cache takes the torch attention path)")
     elif config.compile:
         compile_model(model, runner.kv_caches, config.max_batched_tokens, config.max_num_seqs)
+    notes = ["threads adapt to busy neighbours"] if runner.governor is not None else []
+    if graphs:
+        max_blocks = -(-min(config.max_model_len or model.cfg.max_position, model.cfg.max_position) // config.block_size)
+        runner.graphs = DecodeGraphs(
+            model, runner.kv_caches, config.max_num_seqs, max_blocks, memory.num_blocks, config.block_size, config.device
+        )
+        runner.graphs.capture()
+        notes.append(runner.graphs.describe())
     plan = machine.EnginePlan(
         config.device,
         config.dtype,
@@ -115,12 +138,22 @@ def load_live(config: EngineConfig) -> LiveParts:
         + ("" if kv_dtype == dtype else f", KV cache {config.kv_cache_dtype}"),
         model.compiled_forward is not None,
         torch.get_num_threads(),
-        machine.cpu().describe() if config.device == "cpu" else machine.describe_cuda(),
-        ["threads adapt to busy neighbours"] if runner.governor is not None else [],
+        machine.cpu().describe() if config.device == "cpu" else machine.describe_cuda(config.device),
+        notes,
     )
     log.info("%s on %s: %s. %s", Path(path).name, config.device, plan.summary(), memory.describe())
     executor = Executor(Path(path).name, model.cfg, memory, runner, tokenizer)
     return LiveParts(config, dtype, model, plan, group, executor)
+
+
+def _wants_graphs(config: EngineConfig, model: Llama, group: ShardGroup | None) -> bool:
+    """CUDA graphs where a decode step is one process's Triton forward: not across ranks (their
+    collectives would have to be captured too), not an fp8 cache (the torch path), not
+    batch_invariant (its row-tiled matmuls), not compiled."""
+    return (
+        config.device.startswith("cuda") and config.cuda_graphs and group is None and not config.batch_invariant
+        and model.attention_impl != "torch" and not config.compile
+    )
 
 
 def linear_description(model: Llama, config: EngineConfig) -> str:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.cpu_features import arm_features, cpuid_features, proc_cpuinfo
+from engine.errors import InvalidParamError
 
 ENV_ISA = "SERVELAB_CPU_ISA"
 X86_TIERS = ("scalar", "avx2", "avx512", "avx512_bf16", "amx")
@@ -202,17 +203,70 @@ class CudaInfo:
 
 
 @functools.cache
-def cuda() -> CudaInfo | None:
-    """The first CUDA device, if torch sees one (imports torch)."""
+def cuda(index: int = 0) -> CudaInfo | None:
+    """CUDA device `index`, if torch sees it (imports torch)."""
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
         return None
-    return CudaInfo(torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0), torch.cuda.device_count())
+    return CudaInfo(torch.cuda.get_device_name(index), torch.cuda.get_device_capability(index), torch.cuda.device_count())
 
 
-def describe_cuda() -> str:
-    info = cuda()
+def cuda_index(device: str) -> int:
+    return int(device.partition(":")[2] or 0)
+
+
+def resolve_device(requested: str, replica_index: int = 0, ranks: int = 1) -> str:
+    """The device a replica's rank 0 runs on (imports torch where CUDA is asked or may be):
+    "auto" is CUDA where torch sees a GPU, else the CPU; "cuda" is cuda:0. Replica i of `ranks`
+    ranks each starts at base + i * ranks, wrapping round the GPUs there are (replicas then share
+    a card, each within gpu_memory_utilization of it). Asking for CUDA where there is none, or
+    for a card past the last, is an error that names the device."""
+    if requested == "cpu":
+        return "cpu"
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "auto" and count == 0:
+        return "cpu"
+    return place_on_gpus(requested, count, replica_index, ranks)
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this process may use, read without torch (the web process is torch-free): the
+    driver's list, narrowed by CUDA_VISIBLE_DEVICES."""
+    try:
+        found = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return found
+    return min(found, len([d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")]))
+
+
+def device_kind(device: str) -> str:
+    """"cuda" or "cpu": what a replica asked for `device` will run on, decided without torch."""
+    if device == "auto":
+        return "cuda" if visible_gpus() else "cpu"
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def place_on_gpus(requested: str, count: int, replica_index: int = 0, ranks: int = 1) -> str:
+    """cuda:N for the replica's rank 0 given `count` visible GPUs (torch-free: unit-tested)."""
+    if count == 0:
+        raise InvalidParamError("device", f"{requested!r} asks for CUDA, and torch sees no CUDA device here")
+    base = cuda_index(requested)
+    if base + ranks > count:
+        raise InvalidParamError(
+            "device", f"{requested!r} with {ranks} rank(s) needs cuda:{base}..cuda:{base + ranks - 1}; there are {count} GPUs"
+        )
+    span = count - base - (count - base) % ranks  # whole replicas fit from base onwards
+    return f"cuda:{base + (replica_index * ranks) % span}"
+
+
+def describe_cuda(device: str = "cuda:0") -> str:
+    info = cuda(cuda_index(device))
     return "no CUDA device" if info is None else f"{info.name} (sm_{info.capability[0]}{info.capability[1]}) x {info.count}"
 
 
@@ -220,7 +274,7 @@ def auto_dtype(device: str, info: CpuInfo | None = None) -> tuple[str, str]:
     """(dtype, why) for dtype="auto": bf16 where the device multiplies it natively, else fp32
     (CUDA before Ampere: fp16). info: the CPU (default: this one's)."""
     if device.startswith("cuda"):
-        info = cuda()
+        info = cuda(cuda_index(device))
         if info is None:
             return "float32", "no CUDA device"
         if info.native_bf16:

@@ -75,9 +75,11 @@ def plan_budget(
     activations: int,
     reserve_bytes: int = 0,
     free_fraction: float = 1.0,
+    cap_field: str = "memory_cap_mb",
 ) -> MemoryPlan:
     """The one KV plan, live and simulated: budget = free_fraction * (cap - weights - activations -
-    reserve) unless kv_budget_mb names it; cfg is this rank's shard (its KV heads only)."""
+    reserve) unless kv_budget_mb names it; cfg is this rank's shard (its KV heads only); cap_field:
+    the setting a plan without room names (a GPU's is gpu_memory_utilization)."""
     if config.kv_budget_mb is not None:
         budget = int(config.kv_budget_mb * MB)
     else:
@@ -86,7 +88,7 @@ def plan_budget(
     num_blocks = budget // bytes_per_block
     if num_blocks < 1:
         raise InvalidParamError(
-            "kv_budget_mb" if config.kv_budget_mb is not None else "memory_cap_mb",
+            "kv_budget_mb" if config.kv_budget_mb is not None else cap_field,
             f"leaves no room for one KV block of {bytes_per_block} bytes",
         )
     return MemoryPlan(

@@ -11,6 +11,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from engine.cuda_graphs import DecodeGraphs
+from engine.host_staging import HostStaging
 from engine.huge_pages import zeros_on_huge_pages
 from engine.logits_processors import needs_processing, process_logits
 from engine.logprobs import token_logprobs
@@ -48,15 +50,19 @@ class LaunchedStep:
 
 class ModelRunner:
     def __init__(
-        self, model: Llama, num_blocks: int, block_size: int, dtype: torch.dtype, device: str, huge_pages: bool = False
+        self, model: Llama, num_blocks: int, block_size: int, dtype: torch.dtype, device: str, huge_pages: bool = False,
+        scratch_block: bool = False,
     ) -> None:
+        """scratch_block: one block past num_blocks that no sequence owns, where CUDA graphs'
+        padding rows write (engine/cuda_graphs.py)."""
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.device = device
+        self.scratch_block = num_blocks if scratch_block else None
         # Stored heads outermost (one head's blocks gather into a matmul-ready tensor: 1.5x faster
         # CPU decode); the kernels take [num_blocks, block_size, KVH, D] views of any strides.
-        shape = (cfg.num_kv_heads, num_blocks, block_size, cfg.head_dim)
+        shape = (cfg.num_kv_heads, num_blocks + scratch_block, block_size, cfg.head_dim)
 
         def cache() -> torch.Tensor:
             if device == "cpu" and huge_pages:  # blocks scattered over the cache: huge pages spare the TLB
@@ -78,6 +84,8 @@ class ModelRunner:
         # Fits the CPU threads to the cores others leave (engine/threads.py); None: fixed.
         self.governor: ThreadGovernor | None = None
         self.last_model_s = 0.0  # the latest collected step's forward + sampling (engine/executor.py Runner)
+        self.staging = HostStaging(device)  # the step's inputs: pinned, one copy per dtype on CUDA
+        self.graphs: DecodeGraphs | None = None  # CUDA graphs for decode-only steps, once captured
 
     def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> None:
         """echo: the logprob of each prompt token given the ones before it, from this chunk's
@@ -118,7 +126,16 @@ class ModelRunner:
         if self.on_step is not None:
             self.on_step(input_ids, positions, attn, logit_rows)
         began = time.perf_counter()  # the inputs are built and sent to the other ranks: the host's part ends
-        hidden = self.model(input_ids, positions, attn, self.kv_caches)
+        size = self.graphs.bucket(len(decodes)) if self.graphs is not None and not prefills else None
+        if size is not None:
+            assert self.graphs is not None
+            self.graphs.fill(
+                len(decodes), size, input_ids, positions, attn.slot_mapping, attn.decode_block_tables,
+                attn.decode_context_lens,
+            )
+            hidden = self.graphs.run(len(decodes), size)
+        else:
+            hidden = self.model(input_ids, positions, attn, self.kv_caches)
         if self.stages is None:
             return LaunchedStep(order, hidden, began=began)
         self.stages.pass_on(hidden)
@@ -213,29 +230,32 @@ class ModelRunner:
         positions = np.arange(query_start[-1]) - query_start[owner] + starts[owner]
         slots = tables[owner, positions // bs].astype(np.int64) * bs + positions % bs
         token_ids = [seq.token_at(seq.num_computed_tokens) for seq, _ in decodes]
-        chunks = []
+        chunk_rows: list[tuple[int, int, int]] = []  # (first row, tokens, computed) of each prefill
         for seq, n in prefills:
             start = seq.num_computed_tokens
-            chunks.append(PrefillChunk(len(token_ids), n, start, torch.tensor(seq.block_table, device=self.device)))
+            chunk_rows.append((len(token_ids), n, start))
             if seq.spec_token_ids:  # a decode checking its guesses: its last token, then them
                 token_ids += [seq.token_at(start), *seq.spec_token_ids]
             else:
                 token_ids.extend(seq.token_ids[start : start + n])
-        dev = self.device
         nd = len(decodes)
-        seq_lens = torch.from_numpy((starts + counts).astype(np.int32)).to(dev)
-        block_tables = torch.from_numpy(tables).to(dev)
+        # Every index tensor in one upload (one pinned copy per dtype on CUDA; none on the CPU).
+        ids, pos, slot_t, block_tables, seq_lens, qsl, *chunk_tables = self.staging.upload([
+            np.asarray(token_ids, np.int64), positions.astype(np.int64), slots, tables,
+            (starts + counts).astype(np.int32), query_start.astype(np.int32),
+            *(np.asarray(seq.block_table, np.int64) for seq, _ in prefills),
+        ])  # fmt: skip
         attn = AttentionBatch(
-            slot_mapping=torch.from_numpy(slots).to(dev),
+            slot_mapping=slot_t,
             num_decodes=nd,
             decode_block_tables=block_tables[:nd],
             decode_context_lens=seq_lens[:nd],
-            prefills=chunks,
+            prefills=[PrefillChunk(*rows, table) for rows, table in zip(chunk_rows, chunk_tables)],
             block_tables=block_tables,
             seq_lens=seq_lens,
-            query_start_loc=torch.from_numpy(query_start.astype(np.int32)).to(dev),
+            query_start_loc=qsl,
         )
-        return torch.tensor(token_ids, device=dev), torch.from_numpy(positions).to(dev), attn
+        return ids, pos, attn
 
 
 def _wants_prompt_logprobs(seq: Sequence) -> bool:

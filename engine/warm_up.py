@@ -39,6 +39,12 @@ def warm_up(engine: LLMEngine, prompt_tokens: int = WARM_UP_PROMPT, output_token
         while engine.has_work():
             engine.step(stream=False)
         warm_linears(model, engine.config.max_num_seqs)
+        if model.embed.is_cuda and model.attention_impl != "torch":  # Triton's split-K variants
+            from engine.kernels.triton_attention import warm_decode_variants
+
+            k_cache, v_cache = engine.runner.kv_caches[0]
+            max_blocks = -(-engine.max_model_len // engine.config.block_size)
+            warm_decode_variants(k_cache, v_cache, model.cfg.num_heads, max_blocks)
     finally:
         engine.kv.enable_prefix_caching = caching
         engine.num_steps = 0

@@ -1,7 +1,7 @@
 """Shared by the attention tests: the device they run on, the Triton kernels, and random paged
 KV caches.
 
-SERVELAB_TEST_DEVICE=cuda runs them on the GPU (bench/gpu_check.sh does). Otherwise they run on
+SERVELAB_TEST_DEVICE=cuda runs them on the GPU (bench/device_check runs its own cases). Otherwise they run on
 CPU, the Triton kernels in Triton's interpreter, which has to be on before
 engine.kernels.triton_attention is first imported (its kernels are built at import): tests take
 the module from here.

@@ -129,7 +129,10 @@ def test_a_server_refuses_a_bad_override_in_one_line() -> None:
 
 @pytest.mark.parametrize(("capability", "dtype"), [((9, 0), "bfloat16"), ((8, 0), "bfloat16"), ((7, 5), "float16")])
 def test_auto_on_cuda(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], dtype: str) -> None:
-    """What bench/gpu_check.sh checks on a real GPU, here on a described one."""
-    monkeypatch.setattr(machine, "cuda", lambda: machine.CudaInfo("a GPU", capability, 1))
-    assert machine.auto_dtype("cuda:0")[0] == dtype
+    """What the device check (bench/device_check) sees on a real GPU, here on a described one;
+    cuda:N reads card N."""
+    asked: list[int] = []
+    monkeypatch.setattr(machine, "cuda", lambda index=0: asked.append(index) or machine.CudaInfo("a GPU", capability, 2))
+    assert machine.auto_dtype("cuda:0")[0] == dtype and machine.auto_dtype("cuda:1")[0] == dtype
+    assert asked == [0, 1]
     assert machine.linear_path(dtype, "cuda") == "cublas" and machine.attention_path("cuda", False) == "triton"

@@ -161,3 +161,14 @@ def test_engine_on_triton_kernels_matches_hf(hf_reference: dict[str, Any]) -> No
     llm = LLM(dtype="float32", device=DEVICE, block_size=16)
     check(llm, shared[:1], max_new)
     assert check(llm, shared[1:], max_new)[0].num_cached_tokens > 0
+
+
+def test_warm_up_runs_each_split_k_variant_once_and_writes_nothing() -> None:
+    """Serving never waits for Triton's compiler: every split count's power of two (the merge's
+    SPLITS_PAD), no split, and a batch of one apart, run at warm-up (engine/warm_up.py)."""
+    k_cache = empty_cache(64, 16, 1, 64, torch.float32, True).zero_()
+    v_cache = empty_cache(64, 16, 1, 64, torch.float32, True).zero_()
+    before = k_cache.clone()
+    # 64 blocks x 16 = 1,024 keys: at most 4 splits of 256 -> pads 0 (none), 2, 4; twice (batch 1, 2)
+    assert triton_attention.warm_decode_variants(k_cache, v_cache, 3, 64) == 6
+    assert torch.equal(k_cache, before)

@@ -233,6 +233,28 @@ def paged_attention_decode(
     return _attend(q, k_cache, v_cache, block_tables, context_lens, scale, 1, split_len, num_splits, out)
 
 
+def warm_decode_variants(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, max_blocks: int) -> int:
+    """Compile every decode variant serving can meet, before it meets it: split-K's merge is
+    specialised on the split count's power of two (SPLITS_PAD), no split is another kernel, and a
+    batch of one is specialised apart; the first request to need a new one would wait for Triton's
+    compiler mid-serving. It reads block 0 and writes nothing. Returns how many variants ran."""
+    block_size, _, head_dim = k_cache.shape[1:]
+    max_context = max_blocks * block_size
+    seen: set[tuple[int, int]] = set()
+    for batch in (1, 2):
+        q = torch.zeros(batch, num_heads, head_dim, dtype=k_cache.dtype, device=k_cache.device)
+        tables = torch.zeros(batch, max_blocks, dtype=torch.int32, device=k_cache.device)
+        lens = torch.ones(batch, dtype=torch.int32, device=k_cache.device)
+        for splits in range(1, max(1, max_context // MIN_SPLIT_LEN) + 1):
+            split_len = triton.cdiv(triton.cdiv(max_context, splits), TILE_N) * TILE_N
+            used = triton.cdiv(max_context, split_len)
+            key = (batch, triton.next_power_of_2(used) if used > 1 else 0)
+            if key not in seen:
+                seen.add(key)
+                paged_attention_decode(q, k_cache, v_cache, tables, lens, 1.0, num_splits=splits)
+    return len(seen)
+
+
 def prefill_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,

@@ -9,7 +9,7 @@ from typing import Any
 from engine.errors import InvalidParamError
 from engine.lab.flood import FloodLimits
 from engine.lab.replica_bounds import devices_per_replica
-from engine.machine import usable_cores
+from engine.machine import device_kind, usable_cores, visible_gpus
 
 LIVE_MODEL = "smollm2-135m"
 FLOOD_MAX_RATE = 200.0
@@ -26,11 +26,10 @@ LIVE_MAX = {
 
 
 def live_devices(device: str) -> int:
-    """What `gpu_count` may reach live: CUDA devices on a GPU machine, else this process's cores."""
-    if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.device_count()
+    """What `gpu_count` may reach live: CUDA devices on a GPU machine, else this process's cores
+    (read without torch: this is the web process)."""
+    if device_kind(device) == "cuda":
+        return visible_gpus()
     return usable_cores()
 
 
@@ -51,7 +50,7 @@ def check_live(clean: dict[str, Any], merged: dict[str, Any], devices: int, devi
     check_split(clean, merged)
     tp, count = int(merged["tensor_parallel"]), int(merged["gpu_count"])
     pp = int(merged.get("pipeline_parallel", 1))
-    what = "CUDA GPUs" if device.startswith("cuda") else "CPU cores"
+    what = "CUDA GPUs" if device_kind(device) == "cuda" else "CPU cores"
     if count > devices:
         raise InvalidParamError(
             "gpu_count",

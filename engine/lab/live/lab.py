@@ -40,6 +40,7 @@ from engine.lab.simulated.lab_check import check_sim, model_label
 from engine.lab.simulated.lab_sim import SimLab
 from engine.lab.traffic import TrafficDriver
 from engine.levers import LEVERS, ROUTER_LEVERS, validate_levers
+from engine.machine import device_kind
 from engine.serving.load.text_prompts import TextPrompts
 from engine.serving.replicas.replica_api import SERVING
 from engine.serving.routing.defences import Defences
@@ -276,7 +277,7 @@ class LiveLab:
         sim = self.sim
         plan = self.fleet.engine_plan
         if sim is None:
-            model, device = self.fleet.model_name, config.device
+            model, device = self.fleet.model_name, plan.device if plan is not None else config.device
             dtype = plan.dtype if plan is not None else config.dtype
             status, panel, state = self.status, envelope(self.levers, self.facts()), None
         else:
@@ -312,7 +313,7 @@ class LiveLab:
             memory = int(self.fleet.engine_config.memory_cap_mb * MB)
             total = facts.param_bytes * int(levers["tensor_parallel"])
             fits = 1 if total <= memory * int(levers["tensor_parallel"]) else None
-            device = "GPU" if self.fleet.engine_config.device.startswith("cuda") else "CPU core"
+            device = "GPU" if device_kind(self.fleet.engine_config.device) == "cuda" else "CPU core"
         else:
             facts = sim.facts()
             extra = {"autoscaler": None if sim.autoscaler is None else sim.autoscaler.status(), "sim_time_s": reading.time}

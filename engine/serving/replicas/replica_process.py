@@ -35,9 +35,10 @@ def replica_main(
     replica_id: int, config: EngineConfig, inbox: Any, outbox: Any, cores: list[int] | None, heartbeat_s: float
 ) -> None:
     """The child process: load the engine, then loop: take commands, step, report."""
-    from engine.distributed import ShardGroupError
+    from engine.distributed import ShardGroupError, world_size
     from engine.errors import InvalidParamError
     from engine.llm_engine import LLMEngine
+    from engine.machine import resolve_device
     from engine.memory import copy_bandwidth_gbs
     from engine.serving.replicas.replica_requests import ReplicaRequests
     from engine.warm_up import warm_up
@@ -48,6 +49,8 @@ def replica_main(
         config = config.replace(num_threads=len(cores))
     outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.STARTING))
     try:
+        # On CUDA, replica i's ranks take the cards from base + i * ranks (engine/machine.py).
+        config = config.replace(device=resolve_device(config.device, replica_id, world_size(config)))
         engine = LLMEngine(config)
         warm_up(engine)
     except Exception as exc:  # noqa: BLE001 - any load failure makes this replica failed
@@ -60,7 +63,7 @@ def replica_main(
     gc.collect()
     gc.freeze()
     state = ReplicaState.READY
-    bandwidth = copy_bandwidth_gbs(config.device)
+    bandwidth = copy_bandwidth_gbs(engine.config.device)
     requests = ReplicaRequests(engine)
 
     def stats() -> ReplicaStats:
