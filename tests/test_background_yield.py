@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from engine.config import EngineConfig
 from engine.distributed import process_state
 from engine.launch.yielding import REFUSED_EXIT, YieldingProcess
@@ -18,9 +16,7 @@ from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import RequestError, TokenDelta
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
-from tests.support.waiting import wait_for
-
-pytestmark = pytest.mark.integration
+from tests.waiting import wait_for
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]  # what a measurement does to a core
 

@@ -21,8 +21,6 @@ from bench.device_check.common import (
     timeout_overrides,
 )
 
-pytestmark = pytest.mark.unit
-
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -19,9 +19,7 @@ from engine.serving.replicas.messages import RequestError, TokenDelta
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
-from tests.support.waiting import wait_for
-
-pytestmark = pytest.mark.integration
+from tests.waiting import wait_for
 
 PROMPT = (
     "Fix the spelling in this text and write it out again in full.\n\nText: To reset the router, unplug it for "

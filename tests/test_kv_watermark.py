@@ -15,9 +15,7 @@ from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sim.__main__ import main
 from engine.sim.run import simulate
 from engine.sim.spec import SimSpec
-from tests.support.scheduler_fakes import BS, fake_step, seq
-
-pytestmark = pytest.mark.unit
+from tests.test_scheduler import BS, fake_step, seq
 
 
 def make(num_blocks: int, watermark: float, clock: VirtualClock) -> Scheduler:

@@ -10,11 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.support.server_process import ServerProcess, kv_budget_mb
-
-pytestmark = pytest.mark.integration
+from tests.server_process import ServerProcess, kv_budget_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 

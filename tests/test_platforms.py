@@ -22,8 +22,6 @@ from bench.check_platforms import (
     unresolved,
 )
 
-pytestmark = pytest.mark.integration
-
 REQS = read_requirements(ROOT / "requirements.txt")
 LINUX = ("linux-x86_64", "linux-aarch64")
 

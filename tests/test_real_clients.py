@@ -18,9 +18,7 @@ import pytest
 
 from bench.export_tokenizer import export_tokenizer
 from engine import LLM, SamplingParams
-from tests.support.server_process import ServerProcess
-
-pytestmark = pytest.mark.integration
+from tests.server_process import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 

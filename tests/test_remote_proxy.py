@@ -19,8 +19,6 @@ import pytest
 
 from engine.lab.proxy import LabProxy, ProxySettings
 
-pytestmark = pytest.mark.integration
-
 CHUNKS = 30
 
 

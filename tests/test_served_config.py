@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.launch import served
-from tests.support.server_process import ServerProcess
-
-pytestmark = pytest.mark.integration
+from tests.server_process import ServerProcess
 
 
 def test_serve_defaults_to_the_compiled_engine_with_tcmalloc() -> None:

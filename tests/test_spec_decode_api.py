@@ -10,10 +10,8 @@ import openai
 import pytest
 
 from bench.spec_decode import prompts
-from tests.support.server_process import ServerProcess
-from tests.support.waiting import wait_for
-
-pytestmark = pytest.mark.integration
+from tests.server_process import ServerProcess
+from tests.waiting import wait_for
 
 MODEL = "SmolLM2-135M-Instruct"
 QUOTE = prompts(1)[0]  # a paragraph to write out again: the answer quotes it

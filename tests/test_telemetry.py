@@ -23,9 +23,7 @@ from engine.serving.routing.request_queue import QueuedRequest, RequestQueue
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.serving.telemetry.metrics import MetricsBus
-from tests.support.server_process import ServerProcess
-
-pytestmark = pytest.mark.integration
+from tests.server_process import ServerProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -12,10 +12,8 @@ import pytest
 
 from engine.model.paths import default_gguf_path
 from engine.model.tokenizer import load_tokenizer
-from tests.support.hf_folder import write_hf_folder
-from tests.support.server_process import ServerProcess
-
-pytestmark = pytest.mark.integration
+from tests.server_process import ServerProcess
+from tests.test_hf_folder import write_hf_folder
 
 
 @pytest.fixture(scope="module")

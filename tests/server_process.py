@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.serving.replicas.replica_process import replica_pids
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def kv_budget_mb(bf16_mb: int) -> str:
