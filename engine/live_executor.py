@@ -101,7 +101,7 @@ def load_live(config: EngineConfig) -> LiveParts:
             group.close()
         raise
     tokenizer = load_tokenizer(path)
-    graphs = _wants_graphs(config, model, group)
+    graphs = _wants_graphs(config, model, group, kv_dtype == dtype)
     runner = ModelRunner(
         model, memory.num_blocks, config.block_size, kv_dtype, config.device, config.huge_pages, scratch_block=graphs
     )
@@ -126,8 +126,13 @@ def load_live(config: EngineConfig) -> LiveParts:
         runner.graphs = DecodeGraphs(
             model, runner.kv_caches, config.max_num_seqs, max_blocks, memory.num_blocks, config.block_size, config.device
         )
-        runner.graphs.capture()
-        notes.append(runner.graphs.describe())
+        try:
+            runner.graphs.capture()
+            notes.append(runner.graphs.describe())
+        except Exception as exc:  # noqa: BLE001 - served eager, and the plan says why (the device check reads it)
+            runner.graphs = None
+            notes.append(f"CUDA graphs failed to capture, decoding eager: {type(exc).__name__}: {exc}")
+            log.warning("CUDA graphs failed to capture, decoding eager: %s", exc)
     plan = machine.EnginePlan(
         config.device,
         config.dtype,
@@ -146,13 +151,13 @@ def load_live(config: EngineConfig) -> LiveParts:
     return LiveParts(config, dtype, model, plan, group, executor)
 
 
-def _wants_graphs(config: EngineConfig, model: Llama, group: ShardGroup | None) -> bool:
+def _wants_graphs(config: EngineConfig, model: Llama, group: ShardGroup | None, kv_in_model_dtype: bool) -> bool:
     """CUDA graphs where a decode step is one process's Triton forward: not across ranks (their
     collectives would have to be captured too), not an fp8 cache (the torch path), not
     batch_invariant (its row-tiled matmuls), not compiled."""
     return (
         config.device.startswith("cuda") and config.cuda_graphs and group is None and not config.batch_invariant
-        and model.attention_impl != "torch" and not config.compile
+        and kv_in_model_dtype and model.attention_impl != "torch" and not config.compile
     )
 
 

@@ -40,10 +40,13 @@ def test_the_lever_speculates_in_place_on_quoting_traffic_and_stops_when_moved_b
         assert snap.spec_acceptance is not None and snap.spec_acceptance > 0.5, snap.spec_acceptance
         assert snap.spec_tokens_per_step is not None and snap.spec_tokens_per_step > 2.0, snap.spec_tokens_per_step
         lab.set_levers({"num_speculative_tokens": 0})
-        stopped = spec_checks(lab)
         done = finished(lab)
-        assert wait_for(lambda: finished(lab) >= done + 2, 120)  # requests still complete, plainly
-        assert spec_checks(lab) <= stopped + 2  # a step already under way may land its check
+        # The replica takes the change before its next step: once two more requests have ended,
+        # the step that was under way when it was sent has reported (its checks counted).
+        assert wait_for(lambda: finished(lab) >= done + 2, 120)
+        stopped = spec_checks(lab)
+        assert wait_for(lambda: finished(lab) >= done + 4, 120)  # requests still complete, plainly
+        assert spec_checks(lab) == stopped  # and no step checks guesses any more
     finally:
         lab.flood("stop")
     assert lab.traffic.counts.refused == 0 and not lab.fleet.router.rejected

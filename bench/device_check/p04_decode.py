@@ -88,6 +88,10 @@ def run(ctx: PhaseContext) -> None:
         folder, _ = ensure_model(shape, ctx.tmp)
         budget = workload.budget_mb(shape, max(sizes.batches) * (sizes.prompt_len + sizes.tokens + 1), elem)
         llm = workload.build_llm(folder, ctx.device, dtype, kv_budget_mb=budget)  # the defaults: graphs on CUDA
+        notes = llm.engine.plan.notes if llm.engine.plan is not None else []
+        ctx.figure(f"{tag}/plan_notes", notes)
+        if not ctx.dry_run:  # a capture that failed serves eager and says so in the plan's notes
+            ctx.check(f"{tag}/cuda_graphs_captured", not any("failed to capture" in n for n in notes), notes)
         for batch in sizes.batches:  # batch 1 first: its first decode step is the cold engine's
             t = timed(llm, shape, batch, sizes, ctx.device)
             runs[f"{tag}/b{batch}"] = t
