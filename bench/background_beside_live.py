@@ -35,7 +35,7 @@ from bench.whatif_beside_live import ab_runs_until
 from bench.workload import make_workload
 from engine.model.paths import DEFAULT_MODEL_NAME
 from engine.sim import calibration
-from tests.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 TOKENS = re.compile(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", re.MULTILINE)
 

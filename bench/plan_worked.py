@@ -46,7 +46,7 @@ def screenshot() -> None:
     """The Plan page's own chart of the same query (its search runs in the app's what-if worker)."""
     from playwright.sync_api import sync_playwright
 
-    from tests.server_process import ServerProcess
+    from tests.support.server_process import ServerProcess
 
     server = ServerProcess(command=("app.py",))
     try:

@@ -28,7 +28,7 @@ from engine.lab.remote.remote_backend import fetch
 from engine.lab.remote.remote_metrics import read_exposition
 from engine.model.paths import DEFAULT_MODEL_NAME
 from engine.serving.telemetry.prometheus_text import parse
-from tests.server_process import free_port
+from tests.support.server_process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SCREENSHOT = ROOT / "bench" / "screenshots" / "remote-vllm-lab.png"

@@ -18,7 +18,8 @@ import re
 from bench.sim_web_cpu import FLEET_64, app_server, browser_page
 from engine.model.paths import DEFAULT_MODEL_NAME
 from engine.serving.load.loadgen import HttpTarget, arrival_times, make_requests, run_load
-from tests.server_process import ServerProcess
+from engine.serving.load.loadgen_metrics import RequestStatus
+from tests.support.server_process import ServerProcess
 
 ITL = re.compile(r"^vllm:inter_token_latency_seconds_(sum|count)\{[^}]*\} (\S+)$", re.MULTILINE)
 
@@ -50,7 +51,7 @@ def phase(server: ServerProcess, args: argparse.Namespace, seed: int) -> dict[st
     return {
         "mean_step_ms": (after[0] - before[0]) / gaps * 1000 if gaps else float("nan"),
         "gaps": gaps,
-        "failed": sum(r.status != "ok" for r in records),
+        "failed": sum(r.status != RequestStatus.OK for r in records),
     }
 
 

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from playwright.sync_api import Page, sync_playwright
 
-from tests.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 FLEET_64 = {

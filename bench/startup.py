@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from engine.model.gguf_file import open_gguf
 from engine.model.paths import default_gguf_path
-from tests.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 
 def seconds(action: Callable[[], object]) -> float:

@@ -11,8 +11,8 @@ import time
 
 import socketio
 
-from tests.server_process import ServerProcess
-from tests.test_traces_load import PINNED_APP, STREAMS, WATCHER_CORES, Streams
+from tests.support.server_process import ServerProcess
+from tests.support.watchers import PINNED_APP, STREAMS, WATCHER_CORES, Streams
 
 WINDOW_S = 15.0
 

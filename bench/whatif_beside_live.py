@@ -17,7 +17,7 @@ import time
 
 from bench.sim_beside_live import add_phase_args, phase
 from bench.sim_web_cpu import app_server
-from tests.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
 
 
 def ab_runs_until(server: ServerProcess, preset: str, stop: threading.Event, done: list[float]) -> None:

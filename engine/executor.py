@@ -7,7 +7,7 @@ weights and no tokenizer."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.memory import MemoryPlan
 from engine.model.llama_config import LlamaConfig
@@ -24,6 +24,16 @@ class Runner(Protocol):
     def execute(self, batch: SchedulerOutput) -> dict[str, int | list[int]]:
         """Run one step; the new token of every sequence whose known tokens are all computed (a
         speculating decode's: the guesses that stood, then the model's own token, as a list)."""
+        ...
+
+    # A pipelined engine with overlap (EngineConfig.pipeline_overlap) keeps several batches in its
+    # stages: execute(batch) is collect(launch(batch)), split so others launch between the two.
+    def launch(self, batch: SchedulerOutput) -> Any:
+        """Start one step; the handle (the runner's own type) goes back to collect."""
+        ...
+
+    def collect(self, step: Any) -> dict[str, int | list[int]]:
+        """The launched step's new tokens, as execute returns them."""
         ...
 
     def forget(self, request_id: str) -> None:

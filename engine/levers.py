@@ -16,6 +16,7 @@ simulated configuration's are engine/lab/simulated/lab_check.py check_sim's (the
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,24 @@ from engine.catalog import MODEL_NAMES as MODELS  # the simulator's names; the f
 from engine.errors import InvalidParamError
 
 EXECUTORS = ("live", "sim")
+
+
+class Apply(enum.StrEnum):
+    """How a change reaches the live engine (engine/lab/lever_routes.py says it per executor)."""
+
+    LOAD = "load"
+    IN_PLACE = "in_place"
+    REBUILD = "rebuild"
+    SIM = "sim"
+    MODE = "mode"
+
+
+class LeverGroup(enum.StrEnum):
+    """Which form a lever sits in on the pages."""
+
+    ORDINARY = ""
+    DEFENCE = "defence"
+    CLIENT = "client"
 SIM_SPEEDS = (1, 10, 60)  # simulated seconds per wall second
 
 
@@ -37,8 +56,12 @@ class Lever:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple[Any, ...] = ()
-    apply: str = "in_place"
-    group: str = ""
+    apply: Apply = Apply.IN_PLACE
+    group: LeverGroup = LeverGroup.ORDINARY
+
+    def __post_init__(self) -> None:  # the table below writes them as their strings
+        object.__setattr__(self, "apply", Apply(self.apply))
+        object.__setattr__(self, "group", LeverGroup(self.group))
 
     def validate(self, value: Any) -> Any:
         """The value in this lever's type, or InvalidParamError naming the lever."""
@@ -144,8 +167,8 @@ LEVERS: dict[str, Lever] = {
 }
 
 
-DEFENCE_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.group == "defence")
-CLIENT_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.group == "client")
+DEFENCE_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.group == LeverGroup.DEFENCE)
+CLIENT_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.group == LeverGroup.CLIENT)
 # The levers a running router takes at once (RouterConfig's fields), without a rebuild.
 ROUTER_LEVERS = ("queue_cap", "deadline_s", "rate_limit")
 

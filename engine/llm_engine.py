@@ -180,12 +180,12 @@ class LLMEngine:
             if batch.seqs:
                 for seq in batch.seqs:
                     seq.in_flight = True
-                self._in_flight.append((batch, self.runner.launch(batch), self._step_started))  # type: ignore[attr-defined]
+                self._in_flight.append((batch, self.runner.launch(batch), self._step_started))
                 if len(self._in_flight) < limit:
                     return outputs
         if self._in_flight:
             batch, launched, started = self._in_flight.popleft()
-            tokens = self.runner.collect(launched)  # type: ignore[attr-defined]
+            tokens = self.runner.collect(launched)
             for seq in batch.seqs:
                 seq.in_flight = False
             outputs += self.end_step(batch, tokens, stream, started, self._landed_stages())

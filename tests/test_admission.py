@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from engine.clock import VirtualClock
 from engine.sampling_params import SamplingParams
 from engine.serving.routing.rate_limit import RateLimiter
 from engine.serving.routing.request_queue import QueuedRequest, RequestQueue
+
+pytestmark = pytest.mark.unit
 
 
 def req(i: int) -> QueuedRequest:

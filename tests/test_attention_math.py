@@ -4,26 +4,15 @@ tensors: this checks the math and the paging, not the model), in both cache layo
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine.kernels.attention import paged_attention_decode, prefill_attention, store_kv
-from tests.attention_cases import DEVICE, cdiv, empty_cache, paged_batch
+from tests.support.attention_cases import DEVICE, cdiv, dense_attention, empty_cache, paged_batch
 
-
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> torch.Tensor:
-    """q [n, H, D], k/v [L, KVH, D]; query i sees keys j <= i + offset (all keys if None)."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("nhd,lhd->hnl", q.double(), k.double()) / q.shape[-1] ** 0.5
-    if causal_offset is not None:
-        n, length = q.shape[0], k.shape[0]
-        mask = (
-            torch.arange(length, device=q.device)[None, :] > torch.arange(n, device=q.device)[:, None] + causal_offset
-        )
-        scores = scores.masked_fill(mask, float("-inf"))
-    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v.double()).to(q.dtype)
+pytestmark = pytest.mark.unit
 
 
 @settings(max_examples=40, deadline=None)

@@ -8,13 +8,17 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from engine.config import EngineConfig
 from engine.serving.load.loadgen import RequestRecord, RouterTarget, make_requests, run_load
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
-from tests.server_process import kv_budget_mb
-from tests.waiting import wait_for
+from tests.support.server_process import kv_budget_mb
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 FAST = AutoscalerConfig(
     min_replicas=1,

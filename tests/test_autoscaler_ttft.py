@@ -18,7 +18,9 @@ from engine.levers import LEVERS
 from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig, Decision
 from engine.serving.telemetry.metrics import WINDOW_S, window_percentile
 from engine.serving.telemetry.snapshot import FleetSnapshot
-from tests.test_autoscaler import FakeFleet, play, scaler
+from tests.support.autoscaler_fakes import FakeFleet, play, scaler
+
+pytestmark = pytest.mark.unit
 
 
 @dataclass(frozen=True)

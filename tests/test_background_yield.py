@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine.config import EngineConfig
 from engine.distributed import process_state
 from engine.launch.yielding import REFUSED_EXIT, YieldingProcess
@@ -16,7 +18,9 @@ from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import RequestError, TokenDelta
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]  # what a measurement does to a core
 

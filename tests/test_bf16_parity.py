@@ -17,6 +17,8 @@ import pytest
 from engine import LLM, SamplingParams, machine
 from engine.kernels import cpu_attention
 
+pytestmark = pytest.mark.integration
+
 # Nats between the torch path's best two logprobs. On these prompts the two paths' logprobs of the
 # tokens they agreed on differed by at most 0.12 (measured 2026-12-01), so a margin of 0.5 is one
 # that neither path's rounding can flip; bf16 logits come in steps of 1/16-1/8 at these sizes.

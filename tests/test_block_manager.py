@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -10,6 +11,8 @@ from engine.block_manager import BlockManager
 from engine.clock import VirtualClock
 from engine.sampling_params import SamplingParams
 from engine.sequence import RequestTimes, Sequence
+
+pytestmark = pytest.mark.unit
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 24

@@ -17,6 +17,8 @@ import pytest
 from engine.sim import calibration
 from engine.sim.calibration import MachineKey
 
+pytestmark = pytest.mark.integration
+
 
 def key(**changes: object) -> MachineKey:
     base = MachineKey("AMD EPYC", "avx512_bf16", "avx2", "float32", 2, "abc123")

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
 
-from tests import browser_pages
-from tests.server_process import ServerProcess, kv_budget_mb
+from tests.support import browser_pages
+from tests.support.server_process import ServerProcess, kv_budget_mb
 from web.lessons import LessonLibrary
 from web.predictions import predict_cards
 
@@ -25,7 +25,10 @@ CHROMIUM = "/usr/bin/chromium"
 TOKEN = "class-secret"
 NAMES = ("Ada", "<img src=x onerror=alert(1)>", "Grace")
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed"),
+]
 
 
 @pytest.fixture(scope="module")

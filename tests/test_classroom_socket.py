@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 import socketio
 
-from tests.server_process import ServerProcess, kv_budget_mb
+from tests.support.server_process import ServerProcess, kv_budget_mb
 from web.classroom_state import JOIN_BURST, NAME_MAX
 from web.lessons import LessonLibrary
 from web.predictions import predict_cards
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -292,4 +294,5 @@ def test_a_student_who_disconnects_leaves_and_their_request_is_cancelled(
     # The HTTP stream itself stayed open: the server cancelled the request (finish_reason abort).
     assert ended.wait(30), "the request went on after its student left"
     assert reasons == ["abort"] and len(tokens) < 1500, (reasons, len(tokens))
-    assert time.monotonic() - left_at < 20
+    took = time.monotonic() - left_at
+    assert took < 20, f"the request ended {took:.1f} s after its student left: within 20 s"

@@ -21,6 +21,8 @@ from web.classroom_state import (
     check_name,
 )
 
+pytestmark = pytest.mark.unit
+
 
 class SteppedClock:
     """A clock that moves only when the test says so."""

@@ -12,9 +12,12 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.kernels import cpu_attention
-from tests.test_hf_equivalence import check, expected
+from tests.support.hf_check import check, expected
 
-pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason="compile needs the C++ CPU op (make kernels)")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not cpu_attention.available(), reason="compile needs the C++ CPU op (make kernels)"),
+]
 
 
 def test_compiled_engine_matches_hf_without_retracing(hf_reference: dict[str, Any]) -> None:

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from engine import machine
 from engine.kernels import cpu_attention, cpu_build, paged_attention_decode, pick_impl, prefill_attention, store_kv
-from tests.attention_cases import cdiv, empty_cache
-from tests.test_attention_math import dense_attention
+from tests.support.attention_cases import cdiv, dense_attention, empty_cache
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 # fp16 outputs are rounded to 11 bits: one step is 2e-3 of values in [2, 4).
@@ -330,7 +331,7 @@ def test_without_the_op_the_engine_runs_the_torch_path(
 ) -> None:
     """What a machine without a compiler gets: the dispatcher falls back and the engine is still right."""
     from engine import SamplingParams
-    from tests.test_hf_equivalence import expected
+    from tests.support.hf_check import expected
 
     def refuse(*_: object) -> None:
         raise AssertionError("the C++ op ran")

@@ -22,6 +22,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import SchedulerOutput
 from engine.sequence import RequestTimes, Sequence
 
+pytestmark = pytest.mark.integration
+
 GiB = 1024**3
 CFG = LlamaConfig(128, 64, 96, 2, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=1e4,
                   max_position=256, tie_word_embeddings=True)  # fmt: skip

@@ -30,8 +30,10 @@ from engine.serving.replicas.replica_process import replica_pids
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.serving.telemetry.snapshot import FleetSnapshot
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 from web import create_api_app
+
+pytestmark = pytest.mark.integration
 
 # The server's heartbeat interval here: well inside the proxy idle timeouts below, and a hang-up
 # is seen within two writes (the first after it succeeds), so within 0.2 s.
@@ -162,10 +164,16 @@ def test_stream_flush_off_clients_see_ttft_near_e2e_while_the_server_ttft_stays_
         server_share = statistics.median(r.server_ttft_s / r.ttft for r in records)  # type: ignore[operator]
         phases[flush] = (_ttft_share(records), server_share)
     print(phases)
-    assert phases[False][0] >= 0.8  # held by the proxy: the first token reaches the user with the last
-    assert phases[False][1] < 0.5  # while the server's own TTFT saw none of that wait
-    assert phases[True][0] < 0.5  # flushed: the first token comes long before the last
-    assert phases[True][1] > 0.5  # and the two lines meet again (within the HTTP hops of a short TTFT)
+    # (client TTFT / e2e, server TTFT / client TTFT), medians over the requests, per stream_flush
+    seen = f"stream_flush off {phases[False]}, on {phases[True]}"
+    # held by the proxy: the first token reaches the user with the last
+    assert phases[False][0] >= 0.8, f"client TTFT / e2e with flush off: expected >= 0.8; {seen}"
+    # while the server's own TTFT saw none of that wait
+    assert phases[False][1] < 0.5, f"server / client TTFT with flush off: expected < 0.5; {seen}"
+    # flushed: the first token comes long before the last
+    assert phases[True][0] < 0.5, f"client TTFT / e2e with flush on: expected < 0.5; {seen}"
+    # and the two lines meet again (within the HTTP hops of a short TTFT)
+    assert phases[True][1] > 0.5, f"server / client TTFT with flush on: expected > 0.5; {seen}"
 
 
 def test_serve_stream_flush_false_holds_the_stream_in_the_server_itself(live: Live) -> None:
@@ -178,7 +186,7 @@ def test_serve_stream_flush_false_holds_the_stream_in_the_server_itself(live: Li
         finally:
             server.shutdown()
         share = _ttft_share(records)
-        assert check(share), (flush, share)
+        assert check(share), f"client TTFT / e2e {share:.2f} with stream_flush {flush}: expected >= 0.8 off, < 0.5 on"
     settle(live)
 
 

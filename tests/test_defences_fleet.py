@@ -20,6 +20,8 @@ import signal
 import time
 from typing import Any
 
+import pytest
+
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
 from engine.distributed import process_state
@@ -33,8 +35,10 @@ from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.autoscaler import Autoscaler, AutoscalerConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
-from tests.test_autoscaler import FakeFleet, play, scaler
-from tests.waiting import wait_for
+from tests.support.autoscaler_fakes import FakeFleet, play, scaler
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 SHORT = SamplingParams(temperature=0, max_tokens=100, ignore_eos=True)  # long enough to be cut mid-way
@@ -157,7 +161,9 @@ def test_with_the_collective_timeout_the_group_fails_loudly_and_is_replaced(hf_r
         assert isinstance(events.get(timeout=60), TokenDelta)
         os.kill(pids[1], signal.SIGSTOP)
         stopped = time.monotonic()
-        assert wait_for(lambda: first.state == "failed", 16.0), first.state
+        assert wait_for(lambda: first.state == "failed", 16.0), (
+            f"{first.state} 16 s after SIGSTOP: the collectives' 10 s timeout and the watchdog's 14 s fail it sooner"
+        )
         tail = drain_events(events, 5)
         assert isinstance(tail[-1], RequestError) and "rank 1" in tail[-1].message
         assert not fleet.ready  # loud: /ready says 503 while nothing serves

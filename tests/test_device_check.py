@@ -16,6 +16,8 @@ import pytest
 from bench.device_check.common import CARRY_LIMIT_BYTES, PHASES
 from bench.device_check.weights import SMOLLM2
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 # Every Python process the check starts reads this: gguf and flask are then unimportable there, as
 # on the lent machine (None in sys.modules makes `import gguf` raise ImportError).

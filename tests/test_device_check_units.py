@@ -21,6 +21,8 @@ from bench.device_check.common import (
     timeout_overrides,
 )
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -12,7 +12,9 @@ from engine.errors import InvalidParamError
 from engine.lab.live.lab import LiveLab
 from engine.serving.replicas.replica_api import ReplicaState
 from tests.support.live_lab import finished, running_lab
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 LEVERS = {
     "gpu_count": 2, "min_replicas": 1, "max_replicas": 2, "kv_budget_mb": 64, "provision_delay_s": 0.0,

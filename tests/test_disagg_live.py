@@ -19,7 +19,9 @@ from engine.serving.replicas.messages import RequestError, TokenDelta
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 PROMPT = (
     "Fix the spelling in this text and write it out again in full.\n\nText: To reset the router, unplug it for "

@@ -10,6 +10,8 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.errors import InvalidParamError, ModelLoadError
 
+pytestmark = pytest.mark.integration
+
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 PROMPTS = ["def add(a, b):\n    return", "Once upon a time, in a small village,", "1, 2, 3, 4, 5,"]
 

@@ -17,6 +17,8 @@ from engine.sim.run import simulate
 from engine.sim.runner import sim_executor
 from engine.sim.spec import SimSpec
 
+pytestmark = pytest.mark.unit
+
 STEP_S = 0.01
 
 

@@ -14,6 +14,8 @@ from engine.levers import LEVERS
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.snapshot import FleetSnapshot
 
+pytestmark = pytest.mark.unit
+
 LEVERS_NOW = {key: lever.default for key, lever in LEVERS.items()} | {"prompt_tokens": 200, "output_tokens": 56}
 # SmolLM2-135M in bf16: 30 layers x 3 KV heads x 64 dims x K and V x 2 bytes = 23,040 bytes a token.
 FACTS = Facts(param_bytes=270 * MB, kv_bytes_per_token=23040, kv_budget_bytes=512 * MB, copy_gbs=20.0)

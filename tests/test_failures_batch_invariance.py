@@ -17,6 +17,8 @@ from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.integration
+
 BATCH = 16  # a full batch: max_num_seqs below
 PROMPTS = [
     f"Question {i}: in one sentence, what is special about the number {i * 7} and the colour {colour}?"

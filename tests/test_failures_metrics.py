@@ -4,10 +4,14 @@ the replicas' deadline drops counted with the router's."""
 
 from __future__ import annotations
 
+import pytest
+
 from engine.clock import VirtualClock
 from engine.sequence import RequestTimes
 from engine.serving.replicas.messages import ReplicaStats, StepMessage, TokenDelta
 from engine.serving.telemetry.metrics import WINDOW_S, MetricsBus
+
+pytestmark = pytest.mark.unit
 
 KEYS = ("expired_prefill_tokens", "ttft_max", "ttft_p999", "prefix_hit_rate")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.server_process import ServerProcess, kv_budget_mb
+from tests.support.server_process import ServerProcess, kv_budget_mb
 from web.failures import FAILURES
 
 CHROMIUM = "/usr/bin/chromium"
@@ -21,7 +21,10 @@ TOKEN = "gallery-secret"
 # lever applies without a rebuild: the server's ITL and TTFT tails, the clients' TTFT.
 ROWS = ("chunked_prefill", "queue_bound", "stream_flush")
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -19,17 +19,20 @@ from engine.serving.replicas.replica_process import replica_pids
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
-from tests.failure_traffic import (
+from tests.support.failure_traffic import (
     Outcome,
     Traffic,
     assert_idle_and_whole,
     percentile,
     prompt,
     ratio,
+    said,
     seed_of,
     sleep_until,
 )
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 ENGINE = EngineConfig(kv_budget_mb=160)  # room for every prompt below; a small cache loads faster
 QUEUE_CAP, DEADLINE_S = 64, 300.0  # the router's config object is changed in place: keep these apart
@@ -95,9 +98,11 @@ def test_queue_bound_off_the_queue_is_a_delay_line(fleet: Fleet, restored: list[
     assert refused_on >= 20 and bounded_depth <= 4  # the cap holds and refuses the rest at once
     assert all(o.refused is None for o in unbounded) and len(served(unbounded)) == 40  # no refusal at all
     assert unbounded_depth >= 5 * 4  # the queue grew far past the cap
-    assert ratio(max(ttfts_off), ttft_on) >= 2.5  # waiting grows with the line, with no limit
+    # waiting grows with the line, with no limit
+    assert ratio(max(ttfts_off), ttft_on) >= 2.5, said("TTFT max, queue_bound off / on", max(ttfts_off), ttft_on, ">= 2.5x")
     first, last = ttfts_off[:4], ttfts_off[-10:]  # the first served at once; the last waited the line out
-    assert ratio(sum(last) / len(last), sum(first) / len(first)) >= 3
+    late, early = sum(last) / len(last), sum(first) / len(first)
+    assert ratio(late, early) >= 3, said("mean TTFT, the last 10 / the first 4 served", late, early, ">= 3x")
 
 
 def test_deadline_recheck_off_prefills_requests_already_late(fleet: Fleet) -> None:
@@ -181,7 +186,8 @@ def test_central_queue_off_a_request_waits_behind_a_long_prefill(fleet: Fleet) -
         f"replica depth max {central_depth}; off: {p99_off:.2f} s, {inbox_depth}"
     )
     assert len(served(central)) == len(served(inboxes)) == 8
-    assert ratio(p99_off, p99_on) >= 2.0  # short requests sat behind the long prefill
+    # short requests sat behind the long prefill
+    assert ratio(p99_off, p99_on) >= 2.0, said("short TTFT p99, central_queue off / on", p99_off, p99_on, ">= 2x")
     assert inbox_depth >= 2 and inbox_depth > central_depth  # while the other replica idled
 
 
@@ -212,7 +218,7 @@ def test_prefix_aware_routing_off_halves_the_hit_rate(fleet: Fleet) -> None:
     )
     assert aware_rate >= 0.55  # each preamble is computed once, then found
     assert blind_rate <= 0.65 * aware_rate  # each replica computes each preamble for itself
-    assert ratio(blind_ttft, aware_ttft) >= 1.3
+    assert ratio(blind_ttft, aware_ttft) >= 1.3, said("TTFT p50, prefix-blind / aware", blind_ttft, aware_ttft, ">= 1.3x")
     snap = fleet.snapshot()
     assert isinstance(snap.prefix_hit_rate, float) and 0.0 < snap.prefix_hit_rate < 1.0
 
@@ -238,4 +244,5 @@ def test_chunked_prefill_off_running_streams_stall_on_a_long_prompt(fleet: Fleet
     whole = streams_with_long_prompts("chunked-off")
     fleet.reconfigure(chunked_prefill=True)
     print(f"chunked_prefill on: stream ITL p99 {chunked:.3f} s; off: {whole:.3f} s")
-    assert ratio(whole, chunked) >= 2.0  # ITL p99 spikes by the whole prompt's prefill
+    # ITL p99 spikes by the whole prompt's prefill
+    assert ratio(whole, chunked) >= 2.0, said("stream ITL p99, chunked_prefill off / on", whole, chunked, ">= 2x")

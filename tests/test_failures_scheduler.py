@@ -18,7 +18,9 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import RequestTimes, Sequence
 from engine.serving.telemetry.metrics import window_percentile
-from tests.failure_traffic import prompt, ratio
+from tests.support.failure_traffic import prompt, ratio, said
+
+pytestmark = pytest.mark.integration
 
 TRAFFIC_S = 8.0  # how long ordinary requests keep the waiting line full (aging on, a 2-core AVX2 CPU served its slowest in 2 s)
 STARVATION_S = 0.5  # the reserved slot's bound, shorter than the traffic so it shows
@@ -63,11 +65,17 @@ def test_aging_off_low_priority_waits_while_the_median_looks_fine(engine: LLMEng
         f"off: max {max(unfair):.2f} s, p50 {window_percentile(unfair, 50):.3f} s over {len(unfair)}"
     )
     assert len(unfair) >= 20  # enough requests for the median to be an ordinary one
-    assert ratio(max(unfair_low), TRAFFIC_S) >= 0.9  # off: served only once the stream stopped
-    assert ratio(max(unfair), max(fair)) >= 3  # the max TTFT (and p99.9, its neighbour here) grows
-    assert ratio(window_percentile(unfair, 99.9) or 0.0, window_percentile(fair, 99.9) or 0.0) >= 3
-    p50_ratio = ratio(window_percentile(unfair, 50) or 0.0, window_percentile(fair, 50) or 0.0)
-    assert 0.5 <= p50_ratio <= 2.0  # while the median looks fine
+    # off: served only once the stream stopped
+    low_max = max(unfair_low)
+    assert ratio(low_max, TRAFFIC_S) >= 0.9, said("low-priority TTFT max, aging off / the traffic's length", low_max,
+                                                  TRAFFIC_S, ">= 0.9x")
+    # the max TTFT (and p99.9, its neighbour here) grows
+    assert ratio(max(unfair), max(fair)) >= 3, said("TTFT max, aging off / on", max(unfair), max(fair), ">= 3x")
+    p999_off, p999_on = window_percentile(unfair, 99.9) or 0.0, window_percentile(fair, 99.9) or 0.0
+    assert ratio(p999_off, p999_on) >= 3, said("TTFT p99.9, aging off / on", p999_off, p999_on, ">= 3x")
+    p50_off, p50_on = window_percentile(unfair, 50) or 0.0, window_percentile(fair, 50) or 0.0
+    # while the median looks fine
+    assert 0.5 <= ratio(p50_off, p50_on) <= 2.0, said("TTFT p50, aging off / on", p50_off, p50_on, "0.5x to 2x")
     # Back on, nothing is held: no KV block in use, no request left.
     assert not engine.has_work() and engine.kv.num_used_blocks == 0
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import queue
 
+import pytest
+
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -19,7 +21,9 @@ from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.run import SimSpec
 from engine.sim.runner import sim_executor
-from tests.failure_traffic import prompt, ratio
+from tests.support.failure_traffic import prompt, ratio
+
+pytestmark = pytest.mark.integration
 
 TRAFFIC_S = 6.0  # simulated seconds of ordinary traffic
 STARVATION_S = 0.5

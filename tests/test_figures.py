@@ -14,6 +14,8 @@ from engine.sim import calibration
 from web.figures import GROUPS, PLACEHOLDER, REFERENCE, SPECS, FigureBook
 from web.lessons import LESSONS_DIR, LessonLibrary, parse_lesson
 
+pytestmark = pytest.mark.unit
+
 THIS = calibration.MachineKey("Test CPU", "avx512", "avx2", "float32", 2, "code")
 OTHER = calibration.MachineKey("Reference CPU", "amx", "amx", "bfloat16", 2, "code")
 

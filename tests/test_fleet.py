@@ -6,12 +6,16 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import TokenDelta
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.serving.telemetry.snapshot import FleetSnapshot
+
+pytestmark = pytest.mark.integration
 
 
 def test_snapshots_stream_and_drain_finishes_in_flight_work() -> None:

@@ -19,6 +19,8 @@ from engine.sim.replica import SimReplica
 from engine.sim.runner import sim_executor
 from engine.sim.spec import SimSpec
 
+pytestmark = pytest.mark.integration
+
 
 def virtual_fleet(drain_timeout_s: float) -> tuple[Fleet, EventLoop, list[Any]]:
     spec = SimSpec(model="llama-3.1-8b", device="h100", gpus=1, num_requests=4)

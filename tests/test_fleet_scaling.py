@@ -14,7 +14,9 @@ from engine.config import EngineConfig
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling import fleet as fleet_module
 from engine.serving.scaling.fleet import Fleet, FleetConfig
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 
 class StandIn:

@@ -13,6 +13,8 @@ from engine.errors import ModelLoadError
 from engine.model.gguf_file import open_gguf
 from engine.model.paths import default_gguf_path
 
+pytestmark = pytest.mark.integration
+
 
 def test_metadata_and_tensors_equal_gguf_py() -> None:
     path = default_gguf_path()

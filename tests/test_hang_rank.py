@@ -30,8 +30,10 @@ from engine.lab.remote.remote_backend import RemoteConfig
 from engine.lab.remote.remote_lab import RemoteLab
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import RequestError, TokenDelta
-from tests.server_process import free_port
-from tests.waiting import wait_for
+from tests.support.server_process import free_port
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 PROMPT = [500 + i for i in range(24)]
@@ -144,7 +146,9 @@ def test_a_rebuild_resumes_the_rank_and_with_the_defence_the_group_fails_loudly(
     answer = lab.hang_rank("stop")
     stopped = time.monotonic()
     assert answer.guarded and "fails loudly" in answer.message
-    assert wait_for(lambda: group.state == "failed", 16.0), group.state
+    assert wait_for(lambda: group.state == "failed", 16.0), (
+        f"{group.state} 16 s after SIGSTOP: the collectives' 10 s timeout and the watchdog's 14 s fail it sooner"
+    )
     tail = until_last(events, 5)
     assert isinstance(tail[-1], RequestError) and "rank 1" in tail[-1].message
     print(f"failed after {time.monotonic() - stopped:.1f} s: {tail[-1].message}")

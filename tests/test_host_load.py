@@ -16,6 +16,8 @@ from engine import host_load
 from engine.host_load import ConditionMeter, CpuTimes
 from engine.sim import calibration
 
+pytestmark = pytest.mark.unit
+
 
 class FakeMachine:
     """/proc/stat as a machine where others use `others` cores and the hypervisor `steal` of 2

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 import torch
 
 from engine.huge_pages import HUGE_PAGE, zeros_on_huge_pages
+
+pytestmark = pytest.mark.unit
 
 
 def test_zeroed_aligned_and_writable() -> None:

@@ -13,6 +13,8 @@ from engine.model import int8_linear
 from engine.model.int8_linear import int8_linear as run_int8
 from engine.model.int8_linear import quantize_weight
 
+pytestmark = pytest.mark.unit
+
 PATHS = ["int_mm"] + (["onednn"] if int8_linear.int8_path("cpu") == "onednn" else [])
 
 

@@ -16,6 +16,8 @@ from engine.kv_handoff import caches_of, import_prompt, read_shared, write_share
 from engine.llm_engine import LLMEngine
 from engine.sequence import Sequence
 
+pytestmark = pytest.mark.integration
+
 PROMPT = (
     "Fix the spelling in this text and write it out again in full.\n\nText: The city council met on Tuesday "
     "evening to discuss the new bus routes. Residents asked for more stops near the hospital and the school, "

@@ -15,7 +15,9 @@ from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sim.__main__ import main
 from engine.sim.run import simulate
 from engine.sim.spec import SimSpec
-from tests.test_scheduler import BS, fake_step, seq
+from tests.support.scheduler_fakes import BS, fake_step, seq
+
+pytestmark = pytest.mark.unit
 
 
 def make(num_blocks: int, watermark: float, clock: VirtualClock) -> Scheduler:

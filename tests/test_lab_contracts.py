@@ -18,6 +18,8 @@ from engine.serving.telemetry.events import EventLog
 from engine.sim.compare import parse_experiment
 from engine.sim.spec import LEVER_FIELDS, SimSpec, spec_fields
 
+pytestmark = pytest.mark.unit
+
 DEFAULTS = {key: lever.default for key, lever in LEVERS.items()}
 
 

@@ -1,22 +1,30 @@
 """The simulated lab: the real Fleet, Router and Autoscaler over SimReplicas, fed by open-ended
 arrivals from the levers, checked by the simulator before it starts. Most tests run its loop
-directly (simulated time, no wall clock); one runs the wall-clock pacer."""
+directly (simulated time, no wall clock); the pacer's ticks run on a virtual wall clock, and one
+test runs its real thread, asserting no pace (a busy machine ticks slower)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from engine.clock import VirtualClock
 from engine.errors import InvalidParamError
 from engine.lab.envelope import bottlenecks
+from engine.lab.simulated import lab_sim
 from engine.lab.simulated.lab_check import badge, check_sim, model_label
-from engine.lab.simulated.lab_sim import SimLab
+from engine.lab.simulated.lab_sim import MAX_LAG_S, SimLab
 from engine.levers import LEVERS, validate_levers
-from engine.serving.telemetry.snapshot import FleetSnapshot
+from engine.serving.telemetry.snapshot import SNAPSHOT_HZ, FleetSnapshot
 from engine.sim.devices import DEVICE_NAMES
 from engine.sim.models import MODEL_NAMES
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.unit
 
 DEFAULTS = {key: lever.default for key, lever in LEVERS.items()}
 SEVENTY_B = DEFAULTS | {
@@ -114,15 +122,86 @@ def test_a_prefill_decode_split_runs_two_pools_with_one_event_log() -> None:
     assert lab.decode_fleet.events is lab.fleet.events
 
 
-def test_the_pacer_streams_at_least_five_snapshots_a_second_and_stops_for_good() -> None:
+class ManualPacer:
+    """Stands in for SimLab's WallClockDriver: the test runs each tick itself while it moves a
+    virtual wall clock, so what a tick does is checked, not how fast this machine is."""
+
+    def __init__(self) -> None:
+        self.period_s: float | None = None
+        self.tick: Callable[[], bool] | None = None
+        self.stopped = False
+
+    def every(self, period_s: float, step: Callable[[], bool], wake: threading.Event | None = None) -> None:
+        self.period_s, self.tick = period_s, step
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopped = True
+
+    @property
+    def running(self) -> bool:
+        return self.tick is not None and not self.stopped
+
+
+def paced_lab(
+    levers: dict[str, Any], got: list[FleetSnapshot], monkeypatch: pytest.MonkeyPatch
+) -> tuple[SimLab, ManualPacer, VirtualClock]:
+    """A SimLab on a virtual wall clock whose pacer the test ticks. SimLab takes its wall clock
+    (`wall=`) but builds its own pacer: engine/lab/simulated/lab_sim.py would need a `pacer`
+    argument for this to go through the constructor instead of the private attribute."""
+    wall = VirtualClock()
+    lab = SimLab(levers, got.append, wall=wall)
+    pacer = ManualPacer()
+    lab._pacer = pacer  # type: ignore[assignment]
+    # The first tick lowers its thread's priority (the pacer's own thread, live): here, the test's.
+    monkeypatch.setattr(lab_sim, "lower_this_threads_priority", lambda: None)
+    lab.start_traffic()
+    lab.start()
+    assert pacer.tick is not None and pacer.period_s is not None
+    assert pacer.tick()  # the first tick only starts the wall clock
+    return lab, pacer, wall
+
+
+def test_the_pacer_sends_a_snapshot_a_tick_at_least_five_a_wall_second_keeping_pace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    got: list[FleetSnapshot] = []
+    lab, pacer, wall = paced_lab(SEVENTY_B, got, monkeypatch)
+    assert pacer.period_s is not None and 1.0 / pacer.period_s >= 5  # the stream's promise, at any speed
+    ticks = round(2.0 / pacer.period_s)  # two wall seconds
+    for _ in range(ticks):
+        wall.advance(pacer.period_s)
+        assert pacer.tick()
+    assert len(got) == ticks  # one snapshot a tick, none skipped, none doubled
+    assert lab.clock.now() == pytest.approx(2.0)  # 1x: simulated time keeps pace with the wall
+    assert 2.0 - 1.0 / SNAPSHOT_HZ <= got[-1].time <= 2.0  # the newest snapshot, not a stale one
+    assert lab.achieved_speed == pytest.approx(1.0)
+    wall.advance(3.0)  # a tick three wall seconds late (a stalled machine): the lag is dropped
+    assert pacer.tick()
+    assert lab.clock.now() == pytest.approx(2.0 + MAX_LAG_S) and len(got) == ticks + 1
+    lab.stop()
+    assert pacer.stopped and not lab.running
+
+
+def test_at_10x_a_tick_runs_ten_simulated_seconds_a_wall_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    got: list[FleetSnapshot] = []
+    lab, pacer, wall = paced_lab(SEVENTY_B | {"sim_speed": 10}, got, monkeypatch)
+    assert pacer.period_s is not None
+    for _ in range(3):
+        wall.advance(pacer.period_s)
+        assert pacer.tick()
+    assert len(got) == 3 and lab.clock.now() == pytest.approx(3 * pacer.period_s * 10)
+    lab.stop()
+
+
+def test_the_pacer_thread_streams_and_stops_for_good() -> None:
+    """The real pacer thread: snapshots come, and none after stop(). Its pace is the virtual
+    tests' above: here a busy machine may tick slower, so no count per second is asserted."""
     got: list[FleetSnapshot] = []
     lab = SimLab(SEVENTY_B, got.append)
     lab.start_traffic()
     lab.start()
-    time.sleep(2.0)
+    assert wait_for(lambda: len(got) >= 3, 30.0), len(got)
     lab.stop()
-    assert len(got) >= 10  # 1x: the fleet's 6 a second of simulated time
-    assert 1.5 <= got[-1].time <= 2.5  # simulated time keeps pace with the wall clock at 1x
     assert not lab.running and not any(t.name == "sim-pacer" for t in threading.enumerate())
     count = len(got)
     time.sleep(0.5)

@@ -10,6 +10,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "web")
 # The composition roots join the floors and may import any: app.py, `python -m engine serve`, and

@@ -10,7 +10,10 @@ import pytest
 from engine.errors import InvalidParamError
 from engine.sim.compare import command_for, parse_experiment, spec_from_command, table_row
 from engine.sim.run import simulate
-from web.lessons import LessonLibrary
+from tests.support.lesson_files import GOOD, write
+from web.lessons import LessonLibrary, parse_lesson
+
+pytestmark = pytest.mark.unit
 
 LESSONS = [lesson for lesson in LessonLibrary().lessons() if lesson.meta.get("at_scale")]
 TOLERANCE = 0.02
@@ -69,9 +72,6 @@ at_scale:
     ],
 )
 def test_a_bad_at_scale_experiment_points_at_its_line(tmp_path, change, words, offset) -> None:
-    from tests.test_lessons import GOOD, write
-    from web.lessons import parse_lesson
-
     text = GOOD
     end = text.index("\n---\n", 4)
     first_line = text[:end].count("\n") + 2  # the at_scale: line, after the front matter so far
@@ -82,9 +82,6 @@ def test_a_bad_at_scale_experiment_points_at_its_line(tmp_path, change, words, o
 
 
 def test_a_good_at_scale_experiment_loads(tmp_path) -> None:
-    from tests.test_lessons import GOOD, write
-    from web.lessons import parse_lesson
-
     end = GOOD.index("\n---\n", 4)
     lesson, errors = parse_lesson(write(tmp_path, GOOD[: end + 1] + AT_SCALE + GOOD[end + 1 :]))
     assert errors == [] and lesson is not None and lesson.meta["at_scale"][0]["experiment"]["b"]["label"] == "TP8"

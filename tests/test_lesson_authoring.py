@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_lessons import GOOD
+from tests.support.lesson_files import GOOD
 from web.lesson_reference import new_lesson, reference
 from web.lessons import LESSONS_DIR, LessonLibrary, main, parse_lesson
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.server_process import ServerProcess, kv_budget_mb
+import pytest
+
+from tests.support.server_process import ServerProcess, kv_budget_mb
+
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
 

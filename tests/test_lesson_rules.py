@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_lessons import GOOD, write
+from tests.support.lesson_files import GOOD, write
 from web.figures import REFERENCE, FigureBook
 from web.glossary import METRICS
 from web.lesson_checks import MAX_WORDS, check_definitions
 from web.lesson_text import evaluate, lever_text, unmarked_numbers
 from web.lessons import LESSONS_DIR, LessonLibrary, main, parse_lesson
 from web.sizing import fit, relative_factor
+
+pytestmark = pytest.mark.unit
 
 FIGURES = {name: fig.value for name, fig in FigureBook(REFERENCE, Path("/nonexistent")).figures().items()}
 BODY_LINE = GOOD.count("\n", 0, GOOD.index("Body text")) + 1  # "Body text with **bold**."

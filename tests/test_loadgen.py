@@ -26,6 +26,8 @@ from engine.serving.load.loadgen_metrics import RequestRecord, percentile, summa
 from engine.serving.replicas.replica import ReplicaHandle
 from engine.serving.routing.router import Router, RouterConfig
 
+pytestmark = pytest.mark.integration
+
 # arrivals and shapes ----------------------------------------------------------------------------
 
 
@@ -149,7 +151,8 @@ def test_run_stops_itself_at_max_duration() -> None:
     requests = [LoadRequest(f"s{i}", [100], 1) for i in range(3)]
     started = time.perf_counter()
     records = run_load(_Stuck(), requests, [0.0, 0.0, 30.0], max_duration_s=0.3)
-    assert time.perf_counter() - started < 2.0
+    took = time.perf_counter() - started
+    assert took < 2.0, f"run_load took {took:.2f} s: within 2 s of its max_duration_s 0.3 (6.7x it)"
     assert [r.status for r in records] == ["failed"] * 3
     assert records[2].send_time is None  # its arrival was past the deadline
 

@@ -4,11 +4,14 @@ paged cache, no chunking, no runner), softmaxed in float32."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.model.llama import Llama
+
+pytestmark = pytest.mark.integration
 
 TOL = 1e-3
 

@@ -14,6 +14,8 @@ import pytest
 from engine import cpu_features, machine
 from engine.machine import ARM_TIERS, X86_TIERS, CpuInfo
 
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -11,6 +11,8 @@ from engine.sequence import RequestTimes
 from engine.serving.replicas.messages import ReplicaStats, StepMessage, TokenDelta
 from engine.serving.telemetry.metrics import MetricsBus
 
+pytestmark = pytest.mark.unit
+
 
 def delta(
     rid: str, n: int, finished: bool = False, reason: str | None = None, times: RequestTimes | None = None, first=False

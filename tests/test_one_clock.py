@@ -14,6 +14,8 @@ from engine.lab.traffic import LONG_GAP_S, TrafficDriver
 from engine.serving.load.loadgen import LoadRequest, RequestRecord, make_requests, run_load
 from engine.sim.loop import EventLoop
 
+pytestmark = pytest.mark.unit
+
 
 class Recorder:
     """A Target that ends every request at once and remembers which it saw."""

@@ -27,6 +27,8 @@ import pytest
 from engine.collectives import StageLink
 from engine.p2p import P2P, Event, fullest, group_ranks, programme, stage_input, stage_output
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass(frozen=True)
 class AllReduce:

@@ -11,6 +11,8 @@ from engine.errors import ServingError
 from engine.serving.routing.router import Router, RouterConfig
 from web.page_session import COOKIE, HEADER, PageSessions
 
+pytestmark = pytest.mark.unit
+
 
 def issued_cookie(sessions: PageSessions) -> str:
     app = Flask(__name__)

@@ -12,14 +12,17 @@ from typing import Any
 
 import pytest
 
-from tests.browser_pages import new_page
-from tests.server_process import ServerProcess, kv_budget_mb
+from tests.support.browser_pages import new_page
+from tests.support.server_process import ServerProcess, kv_budget_mb
 
 CHROMIUM = "/usr/bin/chromium"
 PAGES = ["/", *(f"/steps/{n}" for n in range(1, 9)), "/lab", "/failures", "/plan"]
 WINDOWS = {"desktop": (1400, 900), "phone": (390, 844)}
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed"),
+]
 
 # The page's width against the window's and, only when it is wider, the element that reaches
 # furthest past the right edge: the outermost one at that edge, skipping any that a box with its own

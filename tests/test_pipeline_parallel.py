@@ -14,9 +14,11 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.errors import InvalidParamError
-from tests.test_hf_equivalence import check
-from tests.test_replica import wait_for
-from tests.test_tensor_parallel import gone, rank_fails_mid_stream
+from tests.support.hf_check import check
+from tests.support.replicas import gone, rank_fails_mid_stream
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 
 def short_refs(hf_reference: dict[str, Any]) -> list[dict[str, Any]]:

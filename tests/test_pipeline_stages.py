@@ -15,6 +15,8 @@ from engine.model.partition import stage_range
 from engine.model.sharding import check_split, keep_stage, shard_model
 from engine.stage_clock import StageClock
 
+pytestmark = pytest.mark.unit
+
 DEFAULTS = {key: lever.default for key, lever in LEVERS.items()}
 CFG = LlamaConfig(100, 64, 96, 30, num_heads=9, num_kv_heads=3, head_dim=8, rms_norm_eps=1e-5, rope_theta=1e4,
                   max_position=32, tie_word_embeddings=True)  # fmt: skip

@@ -20,6 +20,8 @@ from engine.sim.launch_commands import launch_commands
 from engine.sim.plan import run_plan
 from engine.sim.plan_space import PlanQuery, Shape, search_space
 
+pytestmark = pytest.mark.unit
+
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "launch_flags.json").read_text())
 
 # Small enough for the unit tier: an 8B model, 200 requests a candidate, H100s in two dtypes.

@@ -22,6 +22,8 @@ from bench.check_platforms import (
     unresolved,
 )
 
+pytestmark = pytest.mark.integration
+
 REQS = read_requirements(ROOT / "requirements.txt")
 LINUX = ("linux-x86_64", "linux-aarch64")
 

@@ -11,6 +11,8 @@ from bench.precision_quality import measure
 from engine import LLM, SamplingParams
 from engine.errors import InvalidParamError
 
+pytestmark = pytest.mark.integration
+
 # Measured (BENCHMARKS.md, "Precision as a live lever"): int8 99.3% agreement, mean KL 0.014 with
 # VNNI; 7-bit weights (AVX2) and the fp8 cache within these bounds as well.
 BOUNDS = {"int8": (0.93, 0.05), "fp8 kv": (0.95, 0.02)}

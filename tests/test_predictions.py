@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_lessons import GOOD as GOOD_LESSON
+from tests.support.lesson_files import GOOD as GOOD_LESSON
 from web.lessons import LESSONS_DIR, parse_lesson
 from web.predictions import PREDICT_METRICS, check_predict, predict_cards
+
+pytestmark = pytest.mark.unit
 
 GOOD = {
     "question": "Halve max_num_seqs: what does the queue do?",

@@ -29,6 +29,8 @@ from engine.serving.load.prompt_mix import (
 from engine.serving.routing.prefix_memory import prefix_keys
 from engine.sim.workload import SimRequest, make_workload
 
+pytestmark = pytest.mark.unit
+
 DEFAULTS = {key: lever.default for key, lever in LEVERS.items()}
 
 

@@ -20,6 +20,8 @@ from engine.p2p import P2P
 from engine.ranks import COLLECTIVE_TIMEOUT_S, NCCL_DUMP_WAIT_MS, NCCL_WATCHDOG_POLL_S, STEP_TIMEOUT_S, nccl_environment
 from engine.span_timer import SpanTimer
 
+pytestmark = pytest.mark.unit
+
 
 def test_ranks_take_consecutive_gpus_from_the_configured_one() -> None:
     assert [rank_device("cuda:2", r) for r in range(2)] == ["cuda:2", "cuda:3"]

@@ -18,7 +18,9 @@ import pytest
 
 from bench.export_tokenizer import export_tokenizer
 from engine import LLM, SamplingParams
-from tests.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.integration
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -23,9 +23,11 @@ from engine.lab.remote.remote_errors import RemoteErrors
 from engine.lab.remote.remote_lab import RemoteLab
 from engine.lab.remote.remote_levers import REMOTE_LEVERS
 from engine.serving.telemetry.events import EventLog
-from tests.server_process import free_port
+from tests.support.server_process import free_port
 from web.page_session import COOKIE, HEADER, PageSessions
 from web.remote_api import create_remote_api_app
+
+pytestmark = pytest.mark.unit
 
 MODELS = json.dumps(
     {"object": "list", "data": [{"id": "m", "object": "model", "owned_by": "vllm", "max_model_len": 4096}]}

@@ -17,8 +17,8 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from tests import server_process
-from tests.server_process import ROOT, ServerProcess, kv_budget_mb
+from tests.support import server_process
+from tests.support.server_process import ROOT, ServerProcess, kv_budget_mb
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -26,7 +26,10 @@ MODEL = "SmolLM2-135M-Instruct"
 # A remote small enough to fill: 4 batch slots, 4 places in its queue, a short drain when stopped.
 REMOTE_FLAGS = ("--queue-cap", "4", "--max-num-seqs", "4", "--kv-budget-mb", kv_budget_mb(64), "--drain-timeout-s", "2")
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed"),
+]
 
 EVERY_CHART_FILLED = """() => {
   const charts = Array.from(document.querySelectorAll('.chart'));

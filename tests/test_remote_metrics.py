@@ -13,6 +13,8 @@ import pytest
 from engine.lab.remote.remote_metrics import RemoteWindow, detect_flavour, read_exposition
 from engine.serving.telemetry.prometheus_text import PrometheusParseError, histogram_quantile, parse
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).parent / "reference" / "remote_metrics"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 

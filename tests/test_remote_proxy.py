@@ -19,6 +19,8 @@ import pytest
 
 from engine.lab.proxy import LabProxy, ProxySettings
 
+pytestmark = pytest.mark.integration
+
 CHUNKS = 30
 
 

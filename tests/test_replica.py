@@ -4,10 +4,8 @@ a replica killed mid-stream."""
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import time
-from collections.abc import Callable
 
 import pytest
 
@@ -15,27 +13,13 @@ from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.serving.replicas.messages import AddRequest, RequestError, TokenDelta
 from engine.serving.replicas.replica import ReplicaHandle
+from tests.support.replicas import collect
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 PROMPTS = ["The days of the week are Monday, Tuesday,", "def square(x):\n    return"]
-
-
-def collect(events: queue.Queue, timeout: float = 60.0) -> list[TokenDelta | RequestError]:
-    got: list[TokenDelta | RequestError] = []
-    while True:
-        event = events.get(timeout=timeout)
-        got.append(event)
-        if isinstance(event, RequestError) or event.finished:
-            return got
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +68,9 @@ def test_sigkill_fails_in_flight_streams_within_two_seconds(llm_fp32: LLM) -> No
     assert isinstance(events.get(timeout=60), TokenDelta)
     killed = time.monotonic()
     os.kill(handle.process.pid, signal.SIGKILL)
-    assert wait_for(lambda: handle.state == "failed", 2.0)
-    assert time.monotonic() - killed < 2.0
+    assert wait_for(lambda: handle.state == "failed", 2.0), f"{handle.state} 2 s after SIGKILL: failed within 2 s"
+    took = time.monotonic() - killed
+    assert took < 2.0, f"failed {took:.2f} s after SIGKILL: within 2 s"
     tail = collect(events, timeout=2.0)
     assert isinstance(tail[-1], RequestError) and "died" in tail[-1].message
     assert isinstance(handle.submit(AddRequest("after", [1, 2, 3], GREEDY)).get(timeout=1), RequestError)

@@ -15,6 +15,8 @@ from engine.sequence import FinishReason
 from engine.serving.replicas.messages import TokenDelta
 from web.openai_protocol import Choice, Reply, parse_request
 
+pytestmark = pytest.mark.unit
+
 PROMPT = [11, 12, 13]
 
 

@@ -15,6 +15,8 @@ from engine.serving.replicas.replica import ReplicaHandle
 from engine.serving.routing.router import AdmissionError, Router, RouterConfig
 from engine.serving.telemetry.metrics import MetricsBus
 
+pytestmark = pytest.mark.integration
+
 SHORT = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 

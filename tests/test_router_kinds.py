@@ -27,6 +27,8 @@ from engine.sim.models import get_model
 from engine.sim.replica import SimReplica
 from engine.sim.runner import sim_executor
 
+pytestmark = pytest.mark.integration
+
 SHORT = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 LONG = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
 CONFIG = EngineConfig(dtype="bfloat16", max_num_seqs=2)

@@ -18,6 +18,8 @@ from engine.serving.routing.prefix_memory import PrefixMemory, PromptBlocks, pre
 from engine.serving.routing.request_queue import QueuedRequest
 from engine.serving.routing.router import Router, RouterConfig
 
+pytestmark = pytest.mark.unit
+
 BS = 4
 PARAMS = SamplingParams(max_tokens=4)
 

@@ -14,6 +14,8 @@ from engine.kernels import cpu_attention, cpu_build
 from engine.sampler import CANDIDATES, Sampler, _filtered_draw, draw_torch, filter_rows
 from engine.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.unit
+
 # The op's routines: this CPU's best (None), the 8-lane ones (x86: AVX2), scalar.
 OP_PICKS: list[str | None] = [None, "avx2" if machine.cpu().arch == "x86_64" else "neon", "scalar"]
 PICKS = ["torch", *OP_PICKS]

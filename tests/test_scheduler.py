@@ -10,28 +10,12 @@ from engine.clock import VirtualClock
 from engine.config import EngineConfig
 from engine.contiguous_allocator import ContiguousAllocator
 from engine.errors import InvalidParamError
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import RequestTimes, Sequence, SequenceStatus
+from engine.scheduler import Scheduler
+from engine.sequence import SequenceStatus
 from engine.static_scheduler import StaticScheduler
+from tests.support.scheduler_fakes import BS, fake_step, seq
 
-BS = 4
-
-
-def seq(rid: str, prompt_len: int, clock: VirtualClock, max_tokens: int = 8) -> Sequence:
-    return Sequence(rid, [7] * prompt_len, SamplingParams(max_tokens=max_tokens), RequestTimes(arrival=clock.now()))
-
-
-def fake_step(sched: Scheduler) -> SchedulerOutput:
-    out = sched.schedule()
-    for s, n in zip(out.seqs, out.num_new_tokens):
-        s.num_computed_tokens += n
-        sched.kv.cache_full_blocks(s)
-        if s.num_computed_tokens == s.num_tokens:
-            s.output_token_ids.append(1)
-            if len(s.output_token_ids) >= s.params.max_tokens:
-                sched.remove(s)
-    return out
+pytestmark = pytest.mark.unit
 
 
 def make(num_blocks: int = 64, clock: VirtualClock | None = None, **levers: object) -> Scheduler:

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from engine.launch import served
-from tests.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.integration
 
 
 def test_serve_defaults_to_the_compiled_engine_with_tcmalloc() -> None:

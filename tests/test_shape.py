@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from engine.lab.shape import TRADEOFFS, ShapeInputs, Stage, min_tensor_parallel, recommend
+
+pytestmark = pytest.mark.unit
 
 GB = 10**9
 # Llama-3.1-8B in bf16 on one H100 (80 GB label, 85.9 GB of memory), a 1000/200-token workload.

@@ -24,8 +24,10 @@ from engine.serving.load.loadgen import LoadRequest
 from engine.serving.load.loadgen_metrics import RequestRecord
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 from web import create_api_app
+
+pytestmark = pytest.mark.integration
 
 BLOCK = 16
 SHARED = {"prompt_tokens": 160, "system_prompt_tokens": 128, "output_tokens": 4, "system_prompt_share": 1.0,

@@ -12,6 +12,8 @@ from engine.lab.simulated.lab_sim import SimLab
 from engine.levers import LEVERS
 from engine.sim.compare import as_cli_spec, command_for, parse_experiment, run_experiment, spec_from_command
 
+pytestmark = pytest.mark.unit
+
 DEFAULTS = {key: lever.default for key, lever in LEVERS.items()}
 BLOCK = 16
 SHARED = DEFAULTS | {

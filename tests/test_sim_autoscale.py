@@ -17,6 +17,8 @@ from engine.sim.fleet_run import simulate_fleet
 from engine.sim.models import get_model
 from engine.sim.run import SimSpec
 
+pytestmark = pytest.mark.unit
+
 PROVISION_S = 20.0
 WINDOWS = {"up_window_s": 5.0, "down_window_s": 30.0, "tick_s": 0.5}
 

@@ -13,6 +13,8 @@ from engine.sim.__main__ import CONTRACT_KEYS, main
 from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.run import SimSpec, simulate
 
+pytestmark = pytest.mark.integration
+
 SMALL = ["run", "--model", "llama-3.1-8b", "--device", "h100", "--gpus", "2", "--tp", "1", "--pp", "1", "--dtype", "fp8",
          "--input-tokens", "300", "--output-tokens", "40", "--input-range-ratio", "0.5", "--num-requests", "120",
          "--rate", "30", "--burstiness", "0.5", "--seed", "3"]

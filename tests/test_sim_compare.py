@@ -26,6 +26,8 @@ from engine.sim.presets import PRESETS
 from engine.sim.run import SimSpec, simulate
 from engine.sim.workload import Burst
 
+pytestmark = pytest.mark.unit
+
 SMALL = {"request_rate": 20.0, "prompt_tokens": 500, "output_tokens": 100, "num_requests": 120}
 
 

@@ -12,6 +12,8 @@ import pytest
 from engine.sim.__main__ import main
 from engine.sim.run import SimSpec, simulate
 
+pytestmark = pytest.mark.unit
+
 SMALL = {"model": "llama-3.1-8b", "device": "h100", "gpus": 1, "dtype": "fp8", "input_tokens": 300, "output_tokens": 40,
          "num_requests": 120, "seed": 3}  # fmt: skip
 TIMING = {"wall_s", "sim_s_per_wall_s"}

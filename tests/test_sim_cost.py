@@ -17,6 +17,8 @@ from engine.sim.devices import get_device
 from engine.sim.models import get_model
 from engine.sim.runner import CostModelRunner, sim_executor
 
+pytestmark = pytest.mark.unit
+
 H100_BW = 3.35e12 * C.BW_EFFICIENCY  # achieved bytes/s
 H100_BF16 = 989e12 * C.GEMM_EFFICIENCY  # achieved FLOP/s
 

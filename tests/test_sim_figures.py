@@ -10,6 +10,8 @@ import pytest
 
 from engine.sim.run import SimSpec, simulate
 
+pytestmark = pytest.mark.unit
+
 SPECS = {
     "over": SimSpec("llama-3.1-70b", "h100", gpus=16, tp=8, dtype="fp8", kv_dtype="fp8", input_tokens=1000,
                     output_tokens=250, num_requests=1500, rate=300.0),

@@ -22,6 +22,8 @@ from engine.sim.run import SimSpec
 from engine.sim.runner import sim_executor, step_shape
 from engine.step_record import StepRecord
 
+pytestmark = pytest.mark.unit
+
 DECODE_32 = StepShape(32, 32, 32, 32 * 500, 0.0, 0, 32)
 DECODE_8 = StepShape(8, 8, 8, 8 * 500, 0.0, 0, 8)
 

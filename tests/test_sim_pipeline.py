@@ -19,6 +19,8 @@ from engine.sim.models import get_model
 from engine.sim.run import simulate
 from engine.sim.spec import SimSpec
 
+pytestmark = pytest.mark.unit
+
 
 def dep(model: str, tp: int, pp: int = 1, dtype: str = "bf16", device: str = "h100") -> Deployment:
     return Deployment(get_model(model), get_device(device), tp, dtype, dtype, pp)

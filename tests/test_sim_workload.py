@@ -16,6 +16,8 @@ from engine.sim.models import get_model
 from engine.sim.run import SimSpec, simulate
 from engine.sim.workload import SimRequest
 
+pytestmark = pytest.mark.unit
+
 
 def test_an_explicit_workload_runs_exactly_its_requests():
     requests = [SimRequest("0", 0.0, 300, 20), SimRequest("1", 0.5, 40, 7), SimRequest("2", 2.0, 1000, 1)]

@@ -16,6 +16,8 @@ from engine.sampling_params import SamplingParams
 from engine.spec_decode import propose
 from engine.spec_verify import accept_greedy, accept_sampled
 
+pytestmark = pytest.mark.unit
+
 
 def test_propose_takes_the_longest_suffix_then_its_earliest_match() -> None:
     # vLLM's NgramProposer docstring example: [4, 2, 3] has no earlier match, [2, 3] has.

@@ -10,8 +10,10 @@ import openai
 import pytest
 
 from bench.spec_decode import prompts
-from tests.server_process import ServerProcess
-from tests.waiting import wait_for
+from tests.support.server_process import ServerProcess
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 MODEL = "SmolLM2-135M-Instruct"
 QUOTE = prompts(1)[0]  # a paragraph to write out again: the answer quotes it

@@ -10,6 +10,8 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.llm import GenerationOutput
 
+pytestmark = pytest.mark.integration
+
 # Text that quotes its prompt (the n-gram guesses come true) beside text that does not.
 QUOTE = (
     "Repeat the text below word for word.\n\nText: The committee approved the new budget on Tuesday, adding "

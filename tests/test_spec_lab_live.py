@@ -11,7 +11,9 @@ import pytest
 from engine.errors import InvalidParamError
 from engine.lab.live.lab import LiveLab
 from tests.support.live_lab import finished, running_lab
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.integration
 
 LEVERS = {
     "gpu_count": 1, "min_replicas": 1, "max_replicas": 1, "kv_budget_mb": 64, "provision_delay_s": 0.0,

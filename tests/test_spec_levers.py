@@ -24,6 +24,8 @@ from engine.sim.run import simulate as run
 from engine.sim.runner import SIM_TOKEN, CostModelRunner, sim_executor, step_shape
 from engine.sim.spec import SimSpec
 
+pytestmark = pytest.mark.unit
+
 DEFAULTS = {key: lever.default for key, lever in LEVERS.items()}
 EIGHT_B = DEFAULTS | {
     "executor": "sim", "model": "llama-3.1-8b", "device": "h100", "request_rate": 2.0, "prompt_tokens": 1000,

@@ -3,12 +3,16 @@ tokens of the budget, fewer when the budget is short, and never preempts anyone 
 
 from __future__ import annotations
 
+import pytest
+
 from engine.block_manager import BlockManager
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import RequestTimes, Sequence, SequenceStatus
+
+pytestmark = pytest.mark.unit
 
 BS = 4
 

@@ -17,6 +17,8 @@ from engine.sim import assembly
 from engine.sim.run import SimSpec, simulate
 from engine.steady_decodes import SteadyDecodes
 
+pytestmark = pytest.mark.unit
+
 SPECS = {
     "over": SimSpec("llama-3.1-70b", "h100", gpus=16, tp=8, dtype="fp8", kv_dtype="fp8", input_tokens=1000,
                     output_tokens=250, num_requests=1200, rate=280.0, seed=6),

@@ -23,7 +23,9 @@ from engine.serving.routing.request_queue import QueuedRequest, RequestQueue
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
 from engine.serving.telemetry.metrics import MetricsBus
-from tests.server_process import ServerProcess
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.integration
 
 MODEL = "SmolLM2-135M-Instruct"
 

@@ -3,30 +3,23 @@ that stops answering fails the whole group within 15 s, leaving no process behin
 
 from __future__ import annotations
 
-import os
 import signal
-import time
 from typing import Any
 
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM
 from engine.config import EngineConfig
-from engine.distributed import process_state
 from engine.errors import InvalidParamError
 from engine.model.llama import Llama, LlamaConfig
 from engine.model.partition import split_evenly
 from engine.model.sharding import shard_model
-from engine.serving.replicas.messages import AddRequest, RequestError, TokenDelta
-from engine.serving.replicas.replica import ReplicaHandle
-from tests.test_hf_equivalence import check
-from tests.test_replica import collect, wait_for
+from tests.support.hf_check import check
+from tests.support.replicas import gone, rank_fails_mid_stream
+from tests.support.waiting import wait_for
 
-
-def gone(pid: int) -> bool:
-    """Not running: no such process, or a zombie waiting to be reaped."""
-    return process_state(pid) in (None, "Z", "X")
+pytestmark = pytest.mark.integration
 
 
 def test_heads_split_by_kv_group_unevenly_and_mlp_evenly() -> None:
@@ -69,33 +62,3 @@ def test_two_ranks_match_the_hf_reference(hf_reference: dict[str, Any]) -> None:
 
 def test_sigstop_one_rank_fails_the_group_within_15_s(hf_reference: dict[str, Any]) -> None:
     rank_fails_mid_stream(EngineConfig(dtype="float32", tensor_parallel=2), signal.SIGSTOP, "rank 1", hf_reference)
-
-
-def rank_fails_mid_stream(config: EngineConfig, how: int, named: str, hf_reference: dict[str, Any]) -> None:
-    """Rank 1 of a two-rank replica stopped (or killed) mid-stream: the replica fails within 15 s,
-    the stream ends with an in-band error naming the rank, a later request is refused, and no
-    rank's process is left behind."""
-    handle = ReplicaHandle(7, config)
-    pids: list[int] = []
-    try:
-        assert handle.wait_ready(240), handle.error
-        pids = handle.stats.rank_pids
-        assert len(pids) == 2 and pids[0] == handle.process.pid
-        prompt = hf_reference["prompts"][0]["prompt_ids"]
-        events = handle.submit(AddRequest("doomed", prompt, SamplingParams(max_tokens=2000, ignore_eos=True)))
-        assert isinstance(events.get(timeout=60), TokenDelta)
-        os.kill(pids[1], how)
-        stopped = time.monotonic()
-        assert wait_for(lambda: handle.state == "failed", 15.0), handle.state
-        assert time.monotonic() - stopped < 15.0
-        tail = collect(events, timeout=2.0)
-        assert isinstance(tail[-1], RequestError) and named in tail[-1].message, tail[-1]
-        print(f"failed after {time.monotonic() - stopped:.1f} s: {tail[-1].message}")
-        late = handle.submit(AddRequest("after", [1, 2, 3], SamplingParams(max_tokens=2)))
-        assert isinstance(late.get(timeout=1), RequestError)
-        assert wait_for(lambda: all(gone(pid) for pid in pids), 5), [p for p in pids if not gone(p)]
-    finally:
-        for pid in pids:
-            if not gone(pid):
-                os.kill(pid, signal.SIGKILL)
-        handle.stop()

@@ -21,6 +21,8 @@ from engine.sim.run import SimSpec
 from engine.sim.runner import sim_executor
 from engine.step_record import StepRecord
 
+pytestmark = pytest.mark.integration
+
 
 class SimFleet:
     """One simulated H100 replica of an 8B model behind the real fleet, on the loop's clock."""

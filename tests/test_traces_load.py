@@ -24,8 +24,6 @@ snapshot (receipt minus snapshot time, less the smallest such gap it saw).
 from __future__ import annotations
 
 import gc
-import http.client
-import json
 import os
 import statistics
 import threading
@@ -40,14 +38,14 @@ import pytest
 import socketio
 from playwright.sync_api import Page, sync_playwright
 
-from tests.server_process import ServerProcess, kv_budget_mb
+from tests.support.server_process import ServerProcess, kv_budget_mb
+from tests.support.watchers import PINNED_APP, STREAMS, WATCHER_CORES, Streams
 
 CHROMIUM = "/usr/bin/chromium"
 WATCH_S = 60.0
 BASELINE_S = 10.0  # one watcher, before and after the thirty
 PY_CLIENTS = 27
 PAGES = 3
-STREAMS = 4  # closed-loop clients keep this many requests decoding
 # Three pages at nice 19 share one core with 27 python clients (worst stall measured: 0.74-1.28 s
 # alone, 2.05 s and 3.80 s inside a full `make test` on CI): a student's page has its own machine,
 # so pages are held to keeping up, the python clients to the issue's 1 s. A page that cannot keep
@@ -60,19 +58,10 @@ CLIENT_STALL_BOUND_S = 4.0
 PAGE_STALL_BOUND_S = 8.0
 RATIO_BOUND = 1.5  # CI's bound on the 30-watcher / 1-watcher decode step time (a shared machine)
 
-CORES = sorted(os.sched_getaffinity(0))
-SERVER_CORES = set(CORES[: max(1, len(CORES) // 2)])
-WATCHER_CORES = set(CORES[len(SERVER_CORES) :]) or set(CORES)
-# `python app.py` itself, on the server's cores (its replica processes inherit them).
-PINNED_APP = (
-    "-c",
-    (
-        f"import os, runpy, sys; os.sched_setaffinity(0, {SERVER_CORES!r}); sys.argv[0] = 'app.py'; "
-        "runpy.run_path('app.py', run_name='__main__')"
-    ),
-)
-
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed"),
+]
 
 
 class InlineEngineIOClient(engineio.Client):
@@ -123,30 +112,6 @@ def server() -> Iterator[ServerProcess]:
     proc = ServerProcess("--kv-budget-mb", kv_budget_mb(64), "--max-num-seqs", "8", command=PINNED_APP)
     yield proc
     proc.stop()
-
-
-class Streams:
-    """STREAMS closed-loop clients: each sends a 64-token completion as soon as its last ends."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        self.server = server
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(STREAMS)]
-        for thread in self.threads:
-            thread.start()
-
-    def _loop(self) -> None:
-        body = json.dumps({"prompt": "Tell me about the sea.", "max_tokens": 64, "ignore_eos": True, "temperature": 0})
-        while not self.stop.is_set():
-            conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=120)
-            conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-            assert conn.getresponse().read()
-            conn.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(120)
 
 
 def decode_step_s(steps: list[dict], start: float, end: float) -> tuple[float, int]:

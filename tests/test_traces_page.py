@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page
 
-from tests.browser_pages import new_page
-from tests.server_process import ROOT, ServerProcess, kv_budget_mb
+from tests.support.browser_pages import new_page
+from tests.support.server_process import ROOT, ServerProcess, kv_budget_mb
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -27,7 +27,10 @@ BURST = 6  # concurrent 40+48-token requests: 6 x 88 tokens outgrow the 272 toke
 LANES = "#chart-swimlanes g.lane"
 ENDED = ("finished", "cancelled", "refused", "expired", "failed")
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed"),
+]
 
 
 @pytest.fixture(scope="module")

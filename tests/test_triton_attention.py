@@ -1,6 +1,6 @@
 """The Triton kernels against the torch implementation, and the engine running on them.
 
-On CPU the kernels run in Triton's interpreter (tests/attention_cases.py switches it on before
+On CPU the kernels run in Triton's interpreter (tests/support/attention_cases.py switches it on before
 the kernels are imported); SERVELAB_TEST_DEVICE=cuda runs the same tests on the GPU, in bf16 too.
 Outputs are poisoned with NaN first, so an element a kernel fails to write fails the test. The
 reference is the torch implementation over the same inputs in float32: in fp16/bf16 torch rounds
@@ -18,7 +18,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine.kernels import paged_attention_decode, prefill_attention, store_kv
-from tests.attention_cases import DEVICE, DTYPES, TOLERANCE, cdiv, empty_cache, paged_batch, triton_attention
+from tests.support.attention_cases import DEVICE, DTYPES, TOLERANCE, cdiv, empty_cache, paged_batch, triton_attention
+
+pytestmark = pytest.mark.integration
 
 
 def assert_close(out: torch.Tensor, want: torch.Tensor) -> None:
@@ -142,7 +144,7 @@ def test_engine_on_triton_kernels_matches_hf(hf_reference: dict[str, Any]) -> No
     On CPU a tiny workload through the interpreter; on CUDA every reference prompt, also in chunks
     of 64 tokens and with a prefix-cache hit."""
     from engine import LLM, SamplingParams
-    from tests.test_hf_equivalence import check, expected
+    from tests.support.hf_check import check, expected
 
     refs = hf_reference["prompts"]
     if DEVICE == "cpu":

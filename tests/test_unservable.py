@@ -12,8 +12,10 @@ import pytest
 
 from engine.model.paths import default_gguf_path
 from engine.model.tokenizer import load_tokenizer
-from tests.server_process import ServerProcess
-from tests.test_hf_folder import write_hf_folder
+from tests.support.hf_folder import write_hf_folder
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from engine.levers import LEVERS
-from tests.server_process import ServerProcess, kv_budget_mb
 from tests.support.app_page import (
     ARTIFACTS,
     TOKEN,
@@ -26,12 +25,13 @@ from tests.support.app_page import (
     set_levers,
     wait_for,
 )
+from tests.support.server_process import ServerProcess, kv_budget_mb
 from web.lessons import TRACE_CHARTS, LessonLibrary
 
 API_KEY = "outside-client-key"
 PAGES = ["/", *(f"/steps/{lesson.step}" for lesson in LessonLibrary().lessons()), "/lab", "/authoring"]
 
-pytestmark = needs_chromium
+pytestmark = [pytest.mark.browser, needs_chromium]
 
 
 @pytest.fixture(scope="module")

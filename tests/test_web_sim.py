@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.server_process import ServerProcess, kv_budget_mb
+from tests.support.server_process import ServerProcess, kv_budget_mb
 from web.lessons import CHARTS, TRACE_CHARTS
 
 CHROMIUM = "/usr/bin/chromium"
@@ -17,7 +17,10 @@ TOKEN = "teacher-secret"
 SEVENTY_B_LINK = "/lab?executor=sim&model=llama-3.1-70b&device=h100&gpu_count=8&tensor_parallel=8&request_rate=50"
 BADGE = "simulated: H100 x 8, Llama-3.1-70B, TP8"
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed"),
+]
 
 
 @pytest.fixture(scope="module")

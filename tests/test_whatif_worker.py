@@ -1,7 +1,8 @@
 """The what-if worker (web/whatif_worker.py): runs happen in another process at the lowest CPU
 priority, one at a time in arrival order with their place in line readable meanwhile, a full
 line refuses with 429, refusals keep their parameter, and a worker that dies is said once and
-replaced on the next run."""
+replaced on the next run. The runs (tests/support/worker_jobs.py) hold until the test lets them
+go, so the order of events is the test's, not this machine's speed."""
 
 from __future__ import annotations
 
@@ -9,31 +10,16 @@ import itertools
 import os
 import sys
 import threading
-import time
+from pathlib import Path
 
 import pytest
 
 from engine.errors import InvalidParamError, ServingError
+from tests.support.waiting import wait_for
+from tests.support.worker_jobs import die, hold, hold_until, refuse, where_am_i
 from web.whatif_worker import WhatIfWorker
 
-
-def where_am_i() -> dict:
-    policy = os.sched_getscheduler(0) if sys.platform == "linux" else None
-    return {"pid": os.getpid(), "nice": os.getpriority(os.PRIO_PROCESS, 0), "policy": policy}
-
-
-def hold(seconds: float, label: str) -> dict:
-    start = time.time()
-    time.sleep(seconds)
-    return {"label": label, "start": start, "end": time.time()}
-
-
-def refuse(param: str) -> dict:
-    raise InvalidParamError(param, "must be between 1 and 8")
-
-
-def die() -> dict:
-    os._exit(3)
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +37,21 @@ def test_a_run_goes_to_another_process_at_the_lowest_priority(worker: WhatIfWork
         assert where["policy"] == os.SCHED_IDLE
 
 
-def test_runs_go_one_at_a_time_in_arrival_order_and_say_their_place(worker: WhatIfWorker) -> None:
+def test_runs_go_one_at_a_time_in_arrival_order_and_say_their_place(worker: WhatIfWorker, tmp_path: Path) -> None:
+    go = tmp_path / "go"  # the runs hold until the test makes it
     results: dict[str, dict] = {}
 
     def post(label: str) -> None:
-        results[label] = worker.run(hold, 0.6, label, ticket=label)
+        results[label] = worker.run(hold_until, str(go), label, ticket=label)
 
     threads = []
-    for label in ("first", "second", "third"):
+    for place, label in enumerate(("first", "second", "third")):
         threads.append(threading.Thread(target=post, args=(label,)))
         threads[-1].start()
-        time.sleep(0.15)  # arrival order
-    deadline = time.monotonic() + 10
-    while worker.position("third") != 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+        assert wait_for(lambda label=label, place=place: worker.position(label) == place, 10.0)  # in line first
     assert (worker.position("first"), worker.position("second"), worker.position("third")) == (0, 1, 2)
     assert worker.waiting() == 3
+    go.touch()
     for t in threads:
         t.join(30)
     runs = [results[label] for label in ("first", "second", "third")]
@@ -74,16 +59,19 @@ def test_runs_go_one_at_a_time_in_arrival_order_and_say_their_place(worker: What
     assert worker.position("first") is None and worker.waiting() == 0
 
 
-def test_a_full_line_is_refused_with_429(worker: WhatIfWorker) -> None:
-    threads = [threading.Thread(target=worker.run, args=(hold, 1.0, str(i))) for i in range(3)]
-    for t in threads:
+def test_a_full_line_is_refused_with_429(worker: WhatIfWorker, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    threads = [threading.Thread(target=worker.run, args=(hold_until, str(go), str(i))) for i in range(3)]
+    for in_line, t in enumerate(threads, start=1):
         t.start()
-        time.sleep(0.1)
+        assert wait_for(lambda in_line=in_line: worker.waiting() == in_line, 10.0)
     with pytest.raises(ServingError) as refused:
         worker.run(hold, 0.0, "late")
     assert refused.value.status == 429 and refused.value.code == "busy" and refused.value.retry_after_s
+    go.touch()
     for t in threads:
         t.join(30)
+    assert worker.waiting() == 0
 
 
 def test_a_refusal_keeps_its_parameter(worker: WhatIfWorker) -> None:

@@ -23,9 +23,19 @@ from typing import Any
 from flask import Blueprint, Flask, Response, current_app, redirect, render_template, request
 
 from engine.errors import ServingError
-from web.classroom_state import NAME_MAX, PROMPT_MAX_CHARS, ClassPhase, Classroom, Question
+from web.classroom_state import (
+    NAME_MAX,
+    PROMPT_MAX_CHARS,
+    ClassPhase,
+    Classroom,
+    PollAction,
+    PredictAction,
+    Question,
+    QuestionKind,
+    parse_action,
+)
 from web.lessons import CHARTS
-from web.live import NAMESPACE, LiveChannel
+from web.live import NAMESPACE, LiveChannel, Role
 from web.openai_api import error_response
 from web.predictions import PREDICT_METRICS, predict_cards
 
@@ -96,7 +106,7 @@ class ClassRegistry:
         cls = self.current
         if cls is None:
             raise ServingError(404, "no class is running", "code", "class_not_found")
-        if self.live.roles.get(sid) != "instructor":
+        if self.live.roles.get(sid) != Role.INSTRUCTOR:
             raise ServingError(403, "only the instructor can do that; you are in the class", None, "forbidden")
         return cls
 
@@ -121,41 +131,38 @@ class ClassRegistry:
 
     def on_poll(self, sid: str, data: dict[str, Any]) -> dict[str, Any]:
         cls = self._teacher(sid)
-        action = data.get("action")
-        if action == "open":
+        action = parse_action(PollAction, data.get("action"))
+        if action is PollAction.OPEN:
             decision = self.live.lessons.step(cls.step).meta["decision"]  # type: ignore[union-attr]
             options = decision["options"]
             cls.poll = Question(
-                "poll",
+                QuestionKind.POLL,
                 decision["question"],
                 [o["text"] for o in options],
                 next(i for i, o in enumerate(options) if o["correct"]),
                 [o["why"] for o in options],
             )
-        elif action in ("reveal", "close"):
-            if cls.poll is None:
-                raise ServingError(409, "no poll is open", "action", "no_poll")
-            if action == "reveal":
-                cls.poll.phase = ClassPhase.REVEALED
-            else:
-                cls.poll = None
+        elif cls.poll is None:
+            raise ServingError(409, "no poll is open", "action", "no_poll")
+        elif action is PollAction.REVEAL:
+            cls.poll.phase = ClassPhase.REVEALED
         else:
-            raise ServingError(400, "action must be open, reveal or close", "action")
+            cls.poll = None
         return {}
 
     def on_predict(self, sid: str, data: dict[str, Any]) -> dict[str, Any]:
         """ask: a card's prediction goes to every student; apply: answers are fixed and the
         card's levers go to the live engine (each page then reads its own before and after)."""
         cls = self._teacher(sid)
-        action = data.get("action")
-        if action == "ask":
+        action = parse_action(PredictAction, data.get("action"))
+        if action is PredictAction.ASK:
             cards = predict_cards(self.live.lessons.step(cls.step).meta, numbers=False)  # type: ignore[union-attr]
             index = data.get("index")
             if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(cards):
                 raise ServingError(400, f"index must be 0 to {len(cards) - 1}", "index")
             card = cards[index]
             cls.predict = Question(
-                "predict",
+                QuestionKind.PREDICT,
                 card.question,
                 card.options,
                 card.answer,
@@ -163,19 +170,17 @@ class ClassRegistry:
                 card=card,
             )
             return {}
-        if action == "apply":
-            if cls.predict is None or cls.predict.card is None:
-                raise ServingError(409, "ask a prediction first", "action", "no_prediction")
-            card = cls.predict.card
-            lesson = self.live.lessons.step(cls.step)
-            levers = lesson.meta[card.kind][card.index]["levers"]  # type: ignore[union-attr]
-            result = self.live.lab.set_levers(levers, source=f"class prediction '{card.title}'")
-            cls.predict.phase = ClassPhase.APPLIED
-            # Each page takes its own "before" now and its "after" settle_s later, then shows the answer.
-            applied = {"card": card.view(), "correct": cls.predict.correct}
-            self.live.socketio.emit("class_applied", applied, namespace=NAMESPACE, to=self._room_sids(cls))
-            return {"levers": result.levers}
-        raise ServingError(400, "action must be ask or apply", "action")
+        if cls.predict is None or cls.predict.card is None:  # apply
+            raise ServingError(409, "ask a prediction first", "action", "no_prediction")
+        card = cls.predict.card
+        lesson = self.live.lessons.step(cls.step)
+        levers = lesson.meta[card.kind][card.index]["levers"]  # type: ignore[union-attr]
+        result = self.live.lab.set_levers(levers, source=f"class prediction '{card.title}'")
+        cls.predict.phase = ClassPhase.APPLIED
+        # Each page takes its own "before" now and its "after" settle_s later, then shows the answer.
+        applied = {"card": card.view(), "correct": cls.predict.correct}
+        self.live.socketio.emit("class_applied", applied, namespace=NAMESPACE, to=self._room_sids(cls))
+        return {"levers": result.levers}
 
     def on_answer(self, sid: str, data: dict[str, Any]) -> dict[str, Any]:
         cls = self._class_of(data) if "code" in data else self.current
@@ -185,7 +190,7 @@ class ClassRegistry:
         claimed = data.get("student_id")
         if claimed is not None and claimed != student.id:
             raise ServingError(403, "you can answer only for yourself", "student_id", "forbidden")
-        question = cls.predict if data.get("kind") == "predict" else cls.poll
+        question = cls.predict if data.get("kind") == QuestionKind.PREDICT else cls.poll
         if question is None:
             raise ServingError(409, "nothing is open to answer", "kind", "closed")
         question.answer(student.id, data.get("index"))

@@ -6,13 +6,13 @@ joins that never opened their page), so tests drive it without sleeping."""
 
 from __future__ import annotations
 
+import enum
 import secrets
 import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.errors import InvalidParamError, ServingError
 from engine.lab.live_limits import FLOOD_MAX_RATE, LIVE_MAX
@@ -31,13 +31,50 @@ FLOOD_RATE_MAX_PER_STUDENT = 5.0  # req/s one browser sends; the class total is 
 FLOOD_IN_FLIGHT_PER_BROWSER = 4  # browsers open ~6 connections a host; the socket needs one
 
 
-class ClassPhase(str, Enum):
+class ClassPhase(enum.StrEnum):
     """A poll or class prediction: closed, open for answers, applied (a prediction), or revealed."""
 
     CLOSED = "closed"
     OPEN = "open"
     APPLIED = "applied"  # a prediction's levers are on: answers fixed, the answer not yet shown
     REVEALED = "revealed"
+
+
+class QuestionKind(enum.StrEnum):
+    """What a Question asks; class_answer's `kind` names the one it answers (predict, else the poll)."""
+
+    POLL = "poll"  # the step's decision
+    PREDICT = "predict"  # a card's prediction
+
+
+# The instructor's socket actions (each event's `action`); StrEnums, so a member equals its word.
+class ClassFloodAction(enum.StrEnum):  # not engine/lab/flood.py's: no ramp, and a set
+    START = "start"
+    STOP = "stop"
+    SET = "set"  # new settings, running or not as it was
+
+
+class PollAction(enum.StrEnum):
+    OPEN = "open"
+    REVEAL = "reveal"
+    CLOSE = "close"
+
+
+class PredictAction(enum.StrEnum):
+    ASK = "ask"  # the card's prediction goes to every student
+    APPLY = "apply"  # answers fixed, the card's levers go to the engine
+
+
+Action = TypeVar("Action", ClassFloodAction, PollAction, PredictAction)
+
+
+def parse_action(kind: type[Action], value: object) -> Action:
+    """An event's `action`, or a 400 naming the field and the words it takes."""
+    try:
+        return kind(value)
+    except ValueError:
+        *rest, last = kind
+        raise ServingError(400, f"action must be {', '.join(rest)} or {last}", "action") from None
 
 
 @dataclass
@@ -80,7 +117,7 @@ class Question:
     """A poll (the step's decision) or a class prediction (a card's predict): options, the right
     one, the explanations, and each student's current answer (changeable until the reveal)."""
 
-    kind: str  # "poll" or "predict"
+    kind: QuestionKind
     question: str
     options: list[str]
     correct: int
@@ -88,6 +125,9 @@ class Question:
     phase: ClassPhase = ClassPhase.OPEN
     answers: dict[str, int] = field(default_factory=dict)
     card: PredictCard | None = None  # a prediction's card (the page gets its view())
+
+    def __post_init__(self) -> None:
+        self.kind = QuestionKind(self.kind)  # its word works too
 
     def answer(self, student_id: str, index: Any) -> None:
         if self.phase is not ClassPhase.OPEN:
@@ -237,10 +277,9 @@ class Classroom:
             del self.students[sid]
 
     def set_flood(self, action: Any, data: dict[str, Any]) -> FloodSettings:
-        if action not in ("start", "stop", "set"):
-            raise ServingError(400, "action must be start, stop or set", "action")
+        act = parse_action(ClassFloodAction, action)
         settings = check_flood(data, self.flood)
-        running = {"start": True, "stop": False}.get(action, self.flood.running)
+        running = {ClassFloodAction.START: True, ClassFloodAction.STOP: False}.get(act, self.flood.running)
         self.flood = FloodSettings(running, settings.rate, settings.prompt_tokens, settings.output_tokens)
         return self.flood
 

@@ -17,6 +17,7 @@ same-origin check, kept on explicitly in app.py)."""
 
 from __future__ import annotations
 
+import enum
 import hmac
 import logging
 import threading
@@ -27,7 +28,7 @@ from flask import request
 from flask_socketio import SocketIO
 
 from engine.errors import InvalidParamError, ServingError
-from engine.lab.facade import Executor, LabFacade, Reading
+from engine.lab.facade import Executor, LabFacade, RankHangAction, Reading
 from web.evolution import EVOLUTION
 from web.lessons import LessonLibrary
 
@@ -37,13 +38,22 @@ NAMESPACE = "/live"
 EVENTS_PER_TICK = 60  # more than this in one tick are summarised, so a flood cannot swamp a browser
 
 
+class Role(enum.StrEnum):
+    """A connection's role, told to its page in `hello` (static/app.js reads the word). The server
+    decides it from the token presented; no page names its own."""
+
+    OPEN = "open"  # no instructor token is set and no class runs: anyone may change levers
+    INSTRUCTOR = "instructor"  # presented the instructor's (or the running class's) token
+    VIEWER = "viewer"  # watches: the levers are the instructor's
+
+
 class LiveChannel:
     def __init__(self, socketio: SocketIO, lab: LabFacade, lessons: LessonLibrary, token: str | None) -> None:
         self.socketio = socketio
         self.lab = lab
         self.lessons = lessons
         self.token = token or None
-        self.roles: dict[str, str] = {}
+        self.roles: dict[str, Role] = {}
         # A running class's instructor token (web/classroom.py): while one is set, it is an
         # instructor's too and every other connection watches. Those told of a closed connection:
         self.class_token: Callable[[], str | None] = lambda: None
@@ -114,12 +124,12 @@ class LiveChannel:
             trace = {"time": traces.clock.now(), "run": self.lab.run, "full": True, **traces.full()}
             self.socketio.emit("trace", trace, to=request.sid, namespace=NAMESPACE)  # type: ignore[attr-defined]
 
-    def _role(self, presented: str | None) -> str:
+    def _role(self, presented: str | None) -> Role:
         class_token = self.class_token()
         for token in (self.token, class_token):
             if token and presented and hmac.compare_digest(presented.encode(), token.encode()):
-                return "instructor"
-        return "open" if self.token is None and class_token is None else "viewer"
+                return Role.INSTRUCTOR
+        return Role.OPEN if self.token is None and class_token is None else Role.VIEWER
 
     def refresh_roles(self) -> None:
         """A class started or ended: each connection's role again, and a new hello to those whose
@@ -149,7 +159,7 @@ class LiveChannel:
 
     def on_hang_rank(self, data: Any) -> dict[str, Any]:
         data = data if isinstance(data, dict) else {}
-        return self._guarded(lambda: self.lab.hang_rank(data.get("action", "")).to_json())
+        return self._guarded(lambda: self.lab.hang_rank(RankHangAction.parse(data.get("action"))).to_json())
 
     def on_scenario(self, data: Any) -> dict[str, Any]:
         return self._guarded(lambda: self._scenario(data if isinstance(data, dict) else {}))
@@ -177,7 +187,7 @@ class LiveChannel:
 
     def _guarded(self, action: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:
-            if self.roles.get(request.sid) == "viewer":  # type: ignore[attr-defined]
+            if self.roles.get(request.sid) == Role.VIEWER:  # type: ignore[attr-defined]
                 raise ServingError(403, "only the instructor can change levers; you are watching", None, "forbidden")
             return {"ok": True, **action()}
         except ServingError as err:

@@ -26,7 +26,7 @@ from werkzeug.exceptions import HTTPException
 from engine.errors import ServingError
 from engine.serving.replicas.messages import RequestError
 from web.openai_protocol import Choice, Reply, parse_request, server_timing
-from web.openai_request import ParsedRequest
+from web.openai_request import ParsedRequest, RequestKind
 from web.page_session import PageSessions
 
 if TYPE_CHECKING:  # the fleet (and torch, in its replicas) is the composition root's to import
@@ -120,15 +120,15 @@ def models() -> Response:
 
 @api.post("/v1/completions")
 def completions() -> Response:
-    return _generate("completion")
+    return _generate(RequestKind.COMPLETION)
 
 
 @api.post("/v1/chat/completions")
 def chat_completions() -> Response:
-    return _generate("chat")
+    return _generate(RequestKind.CHAT)
 
 
-def _generate(kind: str) -> Response:
+def _generate(kind: RequestKind) -> Response:
     f = fleet()
     api_key = request_credential()
     f.router.authorize(api_key)  # a refusal is a ServingError: the error handler answers it
@@ -171,13 +171,13 @@ def _generate(kind: str) -> Response:
 
 
 def _prompt_ids(f: Fleet, req: ParsedRequest) -> list[list[int]]:
-    if req.kind == "chat":
+    if req.kind is RequestKind.CHAT:
         text = f.tokenizer.apply_chat_template(req.messages, add_generation_prompt=req.add_generation_prompt)
         prompts = [f.tokenizer.encode(text)]
     else:
         prompts = [f.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in req.prompts]
     for i, ids in enumerate(prompts):
-        param = "messages" if req.kind == "chat" else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        param = "messages" if req.kind is RequestKind.CHAT else "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if not ids:
             raise ServingError(400, "the prompt encodes to no tokens", param, "invalid_value")
         if any(not 0 <= t < f.tokenizer.vocab_size for t in ids):

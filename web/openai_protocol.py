@@ -10,7 +10,7 @@ from typing import Any
 from engine.model.tokenizer import ChatTokenizer
 from engine.sequence import FinishReason, RequestTimes, TokenLogprobs
 from engine.serving.replicas.messages import TokenDelta
-from web.openai_request import ParsedRequest, parse_request
+from web.openai_request import ParsedRequest, RequestKind, parse_request
 
 __all__ = ["Choice", "Reply", "parse_request", "server_timing"]
 
@@ -50,7 +50,7 @@ class Reply:
 
     @property
     def chat(self) -> bool:
-        return self.req.kind == "chat"
+        return self.req.kind is RequestKind.CHAT
 
     def usage(self) -> dict[str, int]:
         prompt = sum(self.prompt_lens)  # once per prompt, however many samples of it

@@ -8,6 +8,7 @@ against what the openai SDK, guidellm 0.8 and `vllm bench serve` send. Nothing h
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 import uuid
@@ -70,9 +71,16 @@ UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
+class RequestKind(enum.StrEnum):
+    """Which OpenAI endpoint a request came to (its route says; the body never does)."""
+
+    COMPLETION = "completion"  # /v1/completions
+    CHAT = "chat"  # /v1/chat/completions
+
+
 @dataclass
 class ParsedRequest:
-    kind: str  # "completion" or "chat"
+    kind: RequestKind
     prompts: list[str | list[int]]  # completions: one or a batch; chat: empty (see messages)
     messages: list[dict[str, Any]]  # chat: ready for the chat template
     params: SamplingParams
@@ -110,7 +118,8 @@ def check(body: dict[str, Any], name: str, types: tuple[type, ...], required: bo
     return value
 
 
-def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
+def parse_request(body: Any, kind: RequestKind, model_name: str) -> ParsedRequest:
+    kind = RequestKind(kind)  # its word works too
     if not isinstance(body, dict):
         raise bad("the body must be a JSON object", None, "invalid_json")
     _check_fields(body, kind)
@@ -119,7 +128,7 @@ def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
         raise bad(f"model '{model}' does not exist; this server serves '{model_name}'", "model", "model_not_found", 404)
     messages: list[dict[str, Any]] = []
     prompts: list[str | list[int]] = []
-    if kind == "chat":
+    if kind is RequestKind.CHAT:
         messages = parse_messages(check(body, "messages", (list,), required=True))
     else:
         prompts = parse_prompts(body.get("prompt"))
@@ -154,7 +163,7 @@ def parse_request(body: Any, kind: str, model_name: str) -> ParsedRequest:
         kind, prompts, messages, params, n, stream,
         bool(options.get("include_usage")), bool(options.get("continuous_usage_stats")), echo, logprobs,
         check(body, "add_generation_prompt", (bool,)) is not False,
-        f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), score_only,
+        f"{'chatcmpl' if kind is RequestKind.CHAT else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()), score_only,
         _priority(body), user, bool(check(body, "return_token_ids", (bool,))),
     )  # fmt: skip
     return req
@@ -176,8 +185,8 @@ def _priority(body: dict[str, Any]) -> int:
     return priority
 
 
-def _check_fields(body: dict[str, Any], kind: str) -> None:
-    known = COMMON | (CHAT_ONLY if kind == "chat" else COMPLETION_ONLY) | set(NO_EFFECT) | set(UNSUPPORTED)
+def _check_fields(body: dict[str, Any], kind: RequestKind) -> None:
+    known = COMMON | (CHAT_ONLY if kind is RequestKind.CHAT else COMPLETION_ONLY) | set(NO_EFFECT) | set(UNSUPPORTED)
     for name, value in body.items():
         if name not in known:
             raise bad(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
@@ -186,9 +195,9 @@ def _check_fields(body: dict[str, Any], kind: str) -> None:
             raise bad(rule[1], name, "unsupported_parameter")
 
 
-def _logprobs(body: dict[str, Any], kind: str) -> int | None:
+def _logprobs(body: dict[str, Any], kind: RequestKind) -> int | None:
     """Completions: logprobs = k. Chat: logprobs = true, top_logprobs = k (needs logprobs)."""
-    if kind == "chat":
+    if kind is RequestKind.CHAT:
         wanted = check(body, "logprobs", (bool,))
         top = check(body, "top_logprobs", (int,))
         if top is not None and not wanted:

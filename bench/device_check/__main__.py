@@ -66,7 +66,7 @@ def phase_env(dry_run: bool) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     if dry_run:
-        # Before triton is imported: the kernels then run on CPU tensors (tests/attention_cases.py).
+        # Before triton is imported: the kernels then run on CPU tensors (tests/support/attention_cases.py).
         env["TRITON_INTERPRET"] = "1"
     return env
 

@@ -21,7 +21,7 @@ import torch
 
 from bench.device_check.common import PhaseContext
 
-# As tests/attention_cases.py: relative and absolute tolerance against float32 over the same inputs.
+# As tests/support/attention_cases.py: relative and absolute tolerance against float32 over the same inputs.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 # (query heads, KV heads, head_dim): SmolLM2-135M's, and Llama-3.1-8B's.
 SHAPES = {"smollm2": (9, 3, 64), "llama8b": (32, 8, 128)}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from engine.serving.load.loadgen import now as client_now
-from engine.serving.load.loadgen_metrics import RequestRecord
+from engine.serving.load.loadgen_metrics import RequestRecord, RequestStatus
 from engine.serving.telemetry.metrics import WINDOW_S, window_percentile
 
 
@@ -70,7 +70,7 @@ class ClientLatency:
             times = list(record.token_times)
             if record.send_time is not None and times and times[0] >= since:
                 ttfts.append(times[0] - record.send_time)
-            if record.status == "ok" and record.end_time is not None and record.end_time >= since:
+            if record.status == RequestStatus.OK and record.end_time is not None and record.end_time >= since:
                 e2els.append(record.end_time - record.send_time)  # type: ignore[operator]
                 itls += [b - a for a, b in pairwise(times)]
         ttfts.sort()
@@ -89,7 +89,7 @@ class ClientLatency:
 
 def _ended_before(record: RequestRecord, since: float) -> bool:
     """Done with: ended (any way) before the window, or never got a token and was sent before it."""
-    if record.status == "pending":
+    if record.status == RequestStatus.PENDING:
         return False
     last = record.token_times[-1] if record.token_times else record.send_time
     return last is None or last < since

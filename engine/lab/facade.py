@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from engine.errors import InvalidParamError
 from engine.lab.envelope import Envelope
 from engine.lab.flood import FloodState
 from engine.lab.remote.remote_metrics import RemoteSnapshot
@@ -62,6 +63,21 @@ class LeverChange:
 
     def to_json(self) -> dict[str, Any]:
         return {"changed": dict(self.changed), "rebuild": self.rebuild, "levers": dict(self.levers)}
+
+
+class RankHangAction(enum.StrEnum):
+    """The hang_rank event's `action` (the failure gallery's buttons; engine/lab/live/rank_hang.py)."""
+
+    STOP = "stop"  # SIGSTOP one rank of a ready sharded replica
+    RESUME = "resume"  # SIGCONT it
+
+    @classmethod
+    def parse(cls, value: object) -> RankHangAction:
+        """The socket's word, or InvalidParamError naming `action` (the socket answers it as a 400)."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise InvalidParamError("action", f"must be {' or '.join(cls)}") from None
 
 
 @dataclass(frozen=True)
@@ -210,7 +226,7 @@ class LabFacade(Protocol):
         """The lab's traffic: start, ramp or stop."""
         ...
 
-    def hang_rank(self, action: str) -> RankHangAnswer:
+    def hang_rank(self, action: RankHangAction) -> RankHangAnswer:
         """The collective_timeout row's fault: "stop" one rank of a tensor-parallel replica
         (SIGSTOP), "resume" it (SIGCONT); refused where no process of the lab's runs a rank."""
         ...

@@ -25,11 +25,18 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.lab.client_stats import ClientLatency
-from engine.lab.live.lab_clients import Attempt, ClientCounts, ClientPolicy, LabHttpClient, RefusalHook
+from engine.lab.live.lab_clients import (
+    Attempt,
+    AttemptOutcome,
+    ClientCounts,
+    ClientPolicy,
+    LabHttpClient,
+    RefusalHook,
+)
 from engine.lab.proxy import LabProxy, ProxySettings
 from engine.serving.driver import Driver, WallClockDriver
 from engine.serving.load.loadgen import VOCAB, LoadRequest, RouterTarget, Target, arrival_gap, draw_length
-from engine.serving.load.loadgen_metrics import RequestRecord
+from engine.serving.load.loadgen_metrics import RequestRecord, RequestStatus
 from engine.serving.load.prompt_mix import Conversations, PromptMix, SystemPrompts, next_turn
 from engine.serving.load.text_prompts import TextPrompts
 from engine.serving.routing.router import Router
@@ -55,6 +62,16 @@ class Ramp:
     def rate(self, now: float) -> float:
         done = min(1.0, max(0.0, (now - self.start_time) / self.duration_s)) if self.duration_s > 0 else 1.0
         return self.start_rate + (self.end_rate - self.start_rate) * done
+
+
+# A request sent in process is one attempt: its status says how that attempt ended.
+IN_PROCESS_OUTCOMES = {RequestStatus.OK: AttemptOutcome.OK, RequestStatus.REJECTED: AttemptOutcome.REFUSED}
+
+
+def ramp_after(ramp: Ramp | None, changed: dict[str, Any]) -> Ramp | None:
+    """A learner who moves request_rate during a flood's ramp sets the rate: the ramp ends and the
+    lever's rate holds from then on, live and simulated alike (engine/lab/simulated/lab_sim.py)."""
+    return None if "request_rate" in changed else ramp
 
 
 class TrafficDriver:
@@ -167,6 +184,10 @@ class TrafficDriver:
         self._sending = True
         self._book(self._run, now)
 
+    def levers_moved(self, changed: dict[str, Any]) -> None:
+        """The load levers just moved: a flood's ramp ends when request_rate does (ramp_after)."""
+        self.ramp = ramp_after(self.ramp, changed)
+
     def stop(self) -> None:
         """Stop sending; requests in flight finish normally (none is cut)."""
         self._sending = False
@@ -272,17 +293,17 @@ class TrafficDriver:
         target = self._target
         if target is None:  # nothing to send to yet
             record.fail("the lab's traffic has no server to send to")
-            self.counts.record(Attempt(self.clock.now(), 1, "failed", self.clock.now()))
+            self.counts.record(Attempt(self.clock.now(), 1, AttemptOutcome.FAILED, self.clock.now()))
             self._in_flight.release()
             return
         try:
             # Flood requests are never cut when the flood stops: the stop event stays clear.
             target.send(request, record, threading.Event())
             if not isinstance(target, LabHttpClient):  # in process: one attempt, counted here
-                outcome = {"ok": "ok", "rejected": "refused"}.get(record.status, "failed")
+                outcome = IN_PROCESS_OUTCOMES.get(RequestStatus(record.status), AttemptOutcome.FAILED)
                 self.counts.record(Attempt(record.send_time or self.clock.now(), 1, outcome, self.clock.now()))
         finally:
             self._in_flight.release()
             # A turn answered goes on with exactly the ids generated; any other ending ends it.
-            answer = record.output_token_ids if record.status == "ok" else None
+            answer = record.output_token_ids if record.status == RequestStatus.OK else None
             self.conversations.ended(request.conversation, answer, int(self._levers().get("conversation_turns", 1)))

@@ -88,6 +88,14 @@ class CostModelRunner:
         self.last_model_s = cost.total_s - cost.host_s  # a replica's step spans total_s
         return tokens
 
+    # The Runner's split step: a priced step is over at once (a simulated pipeline overlaps its
+    # batches in virtual time, engine/sim/pipelined_replica.py), so the handle is its tokens.
+    def launch(self, batch: SchedulerOutput) -> dict[str, int | list[int]]:
+        return self.execute(batch)
+
+    def collect(self, step: dict[str, int | list[int]]) -> dict[str, int | list[int]]:
+        return step
+
     def _accepted(self, k: int) -> int:
         """How many of k guesses stand: the run of draws under the acceptance rate, at most k."""
         draw, rate, n = self._rng.random, self.spec_acceptance, 0

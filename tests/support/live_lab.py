@@ -8,7 +8,7 @@ from typing import Any
 
 from app import build_lab
 from engine.lab.live.lab import LiveLab
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 @contextmanager

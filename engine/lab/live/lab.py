@@ -26,11 +26,21 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from engine.config import IN_PLACE_FIELDS, EngineConfig
+from engine.config import EngineConfig
 from engine.errors import InvalidParamError, ServingError
 from engine.lab.envelope import MB, Facts, bottlenecks, envelope
-from engine.lab.facade import BackgroundWork, Executor, LabState, LabStatus, LeverChange, RankHangAnswer, announce
+from engine.lab.facade import (
+    BackgroundWork,
+    Executor,
+    LabState,
+    LabStatus,
+    LeverChange,
+    RankHangAction,
+    RankHangAnswer,
+    announce,
+)
 from engine.lab.flood import FloodLimits, FloodState, flood, flood_state
+from engine.lab.lever_routes import Route, by_route, keys_routed
 from engine.lab.live.lab_clients import simulated_client_fields
 from engine.lab.live.rank_hang import RankHang
 from engine.lab.live_limits import LIVE_FLOOD, check_live, live_devices
@@ -39,7 +49,7 @@ from engine.lab.shape import shape_for
 from engine.lab.simulated.lab_check import check_sim, model_label
 from engine.lab.simulated.lab_sim import SimLab
 from engine.lab.traffic import TrafficDriver
-from engine.levers import LEVERS, ROUTER_LEVERS, validate_levers
+from engine.levers import LEVERS, validate_levers
 from engine.machine import device_kind
 from engine.serving.load.text_prompts import TextPrompts
 from engine.serving.replicas.replica_api import SERVING
@@ -54,9 +64,8 @@ from engine.serving.telemetry.traces import RequestTraces
 log = logging.getLogger("servelab.lab")
 
 DEFENCES = Defences.names()  # the serving layer's guards: fleet.defences takes them in place
-ENGINE_IN_PLACE = tuple(key for key in LEVERS if key in IN_PLACE_FIELDS)
-REBUILD_LEVERS = tuple(key for key, lever in LEVERS.items() if lever.apply == "rebuild")
-SIM_ONLY = tuple(key for key, lever in LEVERS.items() if lever.apply == "sim")  # the live engine ignores them
+# Kept for the simulated fleet; the live engine has no use for them (engine/lab/lever_routes.py).
+SIM_ONLY = keys_routed(Executor.LIVE, Route.KEPT)
 # Levers that are EngineConfig fields too; `model` and `device` are not: the levers name a
 # simulator's model and GPU, the fields a path and a torch device.
 ENGINE_LEVERS = tuple(key for key in LEVERS if key in EngineConfig.field_names() and key not in ("model", "device"))
@@ -142,7 +151,7 @@ class LiveLab:
                 self.sim, self.run = None, self.run + 1
                 self.events.emit("config", f"{source}: executor=live (the simulated fleet stopped)", levers={"executor": Executor.LIVE})
             clean.pop("executor", None)
-            for key in SIM_ONLY:  # kept for the simulated fleet; the live engine has no use for them
+            for key in SIM_ONLY:
                 if key in clean:
                     self.sim_levers[key] = self.levers[key] = clean.pop(key)
             merged = self.levers | clean
@@ -153,24 +162,23 @@ class LiveLab:
                 except RuntimeError as err:
                     raise InvalidParamError("prompt_style", str(err)) from None
             changed = {k: v for k, v in clean.items() if self.levers[k] != v}
-            rebuild = [k for k in changed if k in REBUILD_LEVERS]
+            routed = by_route(changed, Executor.LIVE)
+            rebuild = list(routed[Route.REBUILD])
             if rebuild and self.status == LabStatus.REBUILDING:
                 raise ServingError(
                     409, "the replicas are still being rebuilt; try again when they are ready", rebuild[0], "busy"
                 )
             self.levers = merged
-            router = {k: changed[k] for k in ROUTER_LEVERS if k in changed}
-            if router:
-                self.fleet.router.reconfigure(**router)
-            defences = {k: changed[k] for k in DEFENCES if k in changed}
-            if defences:
+            self.traffic.levers_moved(routed[Route.LOAD])
+            if routed[Route.ROUTER]:
+                self.fleet.router.reconfigure(**routed[Route.ROUTER])
+            if defences := routed[Route.DEFENCE]:
                 self.fleet.defences.update(**defences)
                 if defences.get("cancel_on_disconnect"):
                     self._cancel_orphans()
-            in_place = {k: changed[k] for k in ENGINE_IN_PLACE if k in changed}
-            if in_place:
-                self.fleet.reconfigure(**in_place)
-            if any(k in changed for k in (*AUTOSCALER_LEVERS, *TARGET_LEVERS, "gpu_count", "tensor_parallel", "pipeline_parallel")):
+            if routed[Route.ENGINE]:
+                self.fleet.reconfigure(**routed[Route.ENGINE])
+            if routed[Route.SCALING]:
                 self.autoscaler.reconfigure(**self._scaling())
             if rebuild:
                 self._rebuild()
@@ -250,11 +258,11 @@ class LiveLab:
             return flood(sim.traffic, action, ramp_to, ramp_s, SIM_FLOOD, self.events, "simulated ")
         return flood(self.traffic, action, ramp_to, ramp_s, LIVE_FLOOD, self.events)
 
-    def hang_rank(self, action: str) -> RankHangAnswer:
+    def hang_rank(self, action: RankHangAction | str) -> RankHangAnswer:
         """The collective_timeout row: "stop" SIGSTOPs rank 1 of a ready tensor-parallel replica,
         "resume" SIGCONTs it (engine/lab/live/rank_hang.py). Simulated, there is no process to stop."""
         with self._lock:
-            if self.sim is not None and action in ("stop", "resume"):
+            if self.sim is not None and RankHangAction.parse(action):
                 raise ServingError(
                     409, "the simulated executor has no rank processes to stop: switch executor to live", "executor"
                 )

@@ -18,6 +18,7 @@ streams the proxy cut before their first token) and a log of recent attempts."""
 
 from __future__ import annotations
 
+import enum
 import http.client
 import json
 import random
@@ -32,13 +33,30 @@ from urllib.parse import urlsplit
 from engine.lab.flood import FloodState
 from engine.lab.proxy import IDLE_TIMEOUT_CODE
 from engine.serving.load.loadgen import HttpTarget, LoadRequest, _retry_after, now
-from engine.serving.load.loadgen_metrics import RequestRecord
+from engine.serving.load.loadgen_metrics import RequestRecord, RequestStatus
 
 ATTEMPT_LOG = 20_000  # recent attempts kept (the arrivals chart and the tests read them)
 STREAM_ENDED_EARLY = "the stream ended before data: [DONE]"  # HttpTarget._read_stream's words
 # on_refusal(status, Retry-After header, body): a server's answer other than 200, or (status None)
 # a connection that failed; the remote backend puts them in the event timeline (issue 17).
 RefusalHook = Callable[[int | None, str | None, str], None]
+
+
+class AttemptOutcome(enum.StrEnum):
+    """How one send ended (a request's RequestStatus is how all its sends ended together)."""
+
+    OK = "ok"
+    REFUSED = "refused"  # a 429: retried while the policy allows, else the request ends rejected
+    GAVE_UP = "gave_up"
+    CUT = "cut"  # the proxy ended a stream before its first token
+    FAILED = "failed"
+
+
+class Hangup(enum.StrEnum):
+    """Why _Hangup hung a connection up from outside."""
+
+    STOPPED = "stopped"  # the run stopped
+    GAVE_UP = "gave_up"  # the patience passed with no token yet
 
 
 @dataclass(frozen=True)
@@ -55,11 +73,11 @@ class ClientPolicy:
 @dataclass(frozen=True)
 class Attempt:
     """One send: when it went out (the clients' clock, seconds), which try it was (1 = first),
-    and how it ended: "ok", "refused", "gave_up", "cut", "failed"."""
+    and how it ended."""
 
     sent: float
     number: int
-    outcome: str
+    outcome: AttemptOutcome
     ended: float
 
 
@@ -77,9 +95,9 @@ class ClientCounts:
     def record(self, attempt: Attempt) -> None:
         with self._lock:
             self.sent += 1
-            self.refused += attempt.outcome == "refused"
-            self.gave_up += attempt.outcome == "gave_up"
-            self.cut_before_first_token += attempt.outcome == "cut"
+            self.refused += attempt.outcome == AttemptOutcome.REFUSED
+            self.gave_up += attempt.outcome == AttemptOutcome.GAVE_UP
+            self.cut_before_first_token += attempt.outcome == AttemptOutcome.CUT
             self.attempts.append(attempt)
 
     def gave_up_waiting(self) -> None:
@@ -145,7 +163,7 @@ class LabHttpClient:
         while True:
             policy = self.policy()  # read at each attempt: a lever moved mid-request applies to its next try
             outcome, retry_after = self._attempt(request, record, stop, policy)
-            if outcome != "refused" or record.attempts > policy.retries:
+            if outcome != AttemptOutcome.REFUSED or record.attempts > policy.retries:
                 return
             wait = max(0.0, retry_after or 1.0)
             if policy.retry_jitter:
@@ -167,7 +185,7 @@ class LabHttpClient:
 
     def _attempt(
         self, request: LoadRequest, record: RequestRecord, stop: threading.Event, policy: ClientPolicy
-    ) -> tuple[str, float | None]:
+    ) -> tuple[AttemptOutcome, float | None]:
         """One send; returns its outcome and, for a 429, the Retry-After. A final outcome is
         written into the record; a refusal that will be retried leaves it pending."""
         url = urlsplit(self.base_url)
@@ -178,7 +196,8 @@ class LabHttpClient:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
         if self.http.api_key:
             headers["Authorization"] = f"Bearer {self.http.api_key}"
-        outcome, retry_after = "failed", None
+        outcome: AttemptOutcome = AttemptOutcome.FAILED
+        retry_after: float | None = None
         try:
             conn.connect()
             hangup.sock = conn.sock  # the response takes the socket from conn: keep a hold on it
@@ -193,7 +212,7 @@ class LabHttpClient:
                 if self.on_refusal is not None:
                     self.on_refusal(resp.status, resp.getheader("Retry-After"), text)
                 if resp.status == 429:
-                    outcome, retry_after = "refused", _retry_after(resp.getheader("Retry-After"))
+                    outcome, retry_after = AttemptOutcome.REFUSED, _retry_after(resp.getheader("Retry-After"))
                     if record.attempts > policy.retries:  # no retry left: the request ends refused
                         record.reject(429, retry_after, text)
                 elif resp.status == 504 and IDLE_TIMEOUT_CODE in text:
@@ -208,27 +227,27 @@ class LabHttpClient:
         finally:
             hangup.done()
             conn.close()
-        if hangup.why == "gave_up":
+        if hangup.why is Hangup.GAVE_UP:
             record.give_up(f"no first token within {hangup.patience_s:g} s")
-            outcome = "gave_up"
-        elif hangup.why == "stopped":
+            outcome = AttemptOutcome.GAVE_UP
+        elif hangup.why is Hangup.STOPPED:
             record.fail("stopped")
-        elif outcome != "refused":
+        elif outcome != AttemptOutcome.REFUSED:
             outcome = _ending(record)
         self.counts.record(Attempt(sent, record.attempts, outcome, now()))
         return outcome, retry_after
 
 
-def _ending(record: RequestRecord) -> str:
+def _ending(record: RequestRecord) -> AttemptOutcome:
     """ok; cut (the proxy ended a stream that had brought no token: its 504, or a stream that
     stopped short); or failed."""
-    if record.status == "ok":
-        return "ok"
+    if record.status == RequestStatus.OK:
+        return AttemptOutcome.OK
     if record.token_times:
-        return "failed"
+        return AttemptOutcome.FAILED
     error = record.error or ""
     early = error.startswith((STREAM_ENDED_EARLY, "cut by the proxy", "IncompleteRead", "RemoteDisconnected"))
-    return "cut" if record.http_status == 504 or early else "failed"
+    return AttemptOutcome.CUT if record.http_status == 504 or early else AttemptOutcome.FAILED
 
 
 class _Hangup:
@@ -238,7 +257,7 @@ class _Hangup:
     def __init__(self, conn: http.client.HTTPConnection, record: RequestRecord, stop: threading.Event, patience_s: float):
         self.conn, self.record, self.stop, self.patience_s = conn, record, stop, patience_s
         self.sock: socket.socket | None = None  # set once connected
-        self.why: str | None = None
+        self.why: Hangup | None = None
         self._finished = threading.Event()
         threading.Thread(target=self._watch, name="client-hangup", daemon=True).start()
 
@@ -249,16 +268,16 @@ class _Hangup:
         start = self.record.send_time or now()
         while not self._finished.is_set():
             if self.stop.is_set():
-                self._hang_up("stopped")
+                self._hang_up(Hangup.STOPPED)
                 return
             waiting = self.patience_s > 0 and not self.record.token_times
             left = start + self.patience_s - now()
             if waiting and left <= 0:
-                self._hang_up("gave_up")
+                self._hang_up(Hangup.GAVE_UP)
                 return
             self._finished.wait(min(left, 0.5) if waiting else 0.5)  # wakes at the patience's end
 
-    def _hang_up(self, why: str) -> None:
+    def _hang_up(self, why: Hangup) -> None:
         self.why = why
         sock = self.sock or self.conn.sock
         if sock is not None:

@@ -18,13 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import InvalidParamError, ServingError
-from engine.lab.facade import RankHangAnswer
+from engine.errors import ServingError
+from engine.lab.facade import RankHangAction, RankHangAnswer
 from engine.ranks import COLLECTIVE_TIMEOUT_S, STEP_TIMEOUT_S
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.serving.telemetry.events import EventLog
 
-ACTIONS = ("stop", "resume")
 RANK = 1  # the rank stopped: the first of the spawned ones (rank 0 is the replica's own process)
 
 
@@ -63,13 +62,11 @@ class RankHang:
         self._lock = threading.Lock()
 
     def act(self, action: object, traffic_on: bool = True) -> RankHangAnswer:
-        """The action, "stop" or "resume": what it did, for the page, or ServingError /
+        """The action (a RankHangAction, or its word): what it did, for the page, or ServingError /
         InvalidParamError naming the field to change."""
-        if action == "stop":
+        if RankHangAction.parse(action) is RankHangAction.STOP:
             return self.stop(traffic_on)
-        if action == "resume":
-            return self.resume()
-        raise InvalidParamError("action", f"must be {' or '.join(ACTIONS)}")
+        return self.resume()
 
     def stop(self, traffic_on: bool = True) -> RankHangAnswer:
         with self._lock:

@@ -34,11 +34,13 @@ from engine.lab.facade import (
     LabState,
     LabStatus,
     LeverChange,
+    RankHangAction,
     RankHangAnswer,
     RemoteView,
     announce,
 )
 from engine.lab.flood import FloodState, flood, flood_state
+from engine.lab.lever_routes import Route, by_route, routes_of
 from engine.lab.live_limits import FLOOD_MAX_RATE, LIVE_FLOOD
 from engine.lab.proxy import IDLE_TIMEOUT_CODE, ProxySettings
 from engine.lab.remote.remote_backend import RemoteConfig, RemoteInfo, error_message, fetch, probe
@@ -147,7 +149,7 @@ class RemoteLab:
 
     def set_levers(self, changes: dict[str, Any], source: str = "lab", quiet: bool = False) -> LeverChange:
         clean = validate_levers(changes)
-        if clean.pop("executor", "live") != "live":
+        if clean.pop("executor", Executor.LIVE) != Executor.LIVE:
             raise InvalidParamError(
                 "executor",
                 "the remote backend has no simulated mode: run `python app.py` without --backend remote for it",
@@ -155,7 +157,7 @@ class RemoteLab:
         if clean.get("request_rate", 0) > FLOOD_MAX_RATE:
             raise InvalidParamError("request_rate", f"the lab's clients send at most {FLOOD_MAX_RATE:g} req/s")
         for key, value in clean.items():
-            if key not in REMOTE_LEVERS and value != self.levers[key]:
+            if Route.REMOTE in routes_of(key, Executor.REMOTE) and value != self.levers[key]:
                 raise InvalidParamError(key, self.belongs_to_remote(key))
         limit, merged = self.info.max_model_len, self.levers | clean
         longest = int(merged["prompt_tokens"] * LENGTH_SPREAD) + int(merged["output_tokens"] * LENGTH_SPREAD)
@@ -168,6 +170,7 @@ class RemoteLab:
             )
         changed = {k: v for k, v in clean.items() if self.levers[k] != v}
         self.levers = self.levers | clean
+        self.traffic.levers_moved(by_route(changed, Executor.REMOTE)[Route.LOAD])
         if not quiet:
             announce(self.events, source, changed, "the lab's traffic, clients and proxy")
         return LeverChange(changed, False, dict(self.levers))
@@ -177,10 +180,9 @@ class RemoteLab:
     def flood(self, action: str, ramp_to: float | None = None, ramp_s: float = 30.0) -> FloodState:
         return flood(self.traffic, action, ramp_to, ramp_s, LIVE_FLOOD, self.events, "remote ")
 
-    def hang_rank(self, action: str) -> RankHangAnswer:
+    def hang_rank(self, action: RankHangAction | str) -> RankHangAnswer:
         """The failure gallery's "Stop a rank": the remote's processes are not the lab's to signal."""
-        if action not in ("stop", "resume"):
-            raise InvalidParamError("action", "must be stop or resume")
+        RankHangAction.parse(action)  # a bad action is named first, as live
         raise ServingError(
             409,
             "a remote server's ranks are its own processes, not this lab's: stopping one needs ServeLab's "

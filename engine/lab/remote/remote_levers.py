@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.lab.remote.remote_backend import RemoteInfo
 from engine.lab.remote.remote_metrics import RemoteReading
-from engine.levers import LEVERS
+from engine.levers import LEVERS, Apply
 
 REMOTE_LEVERS = (
     "request_rate",
@@ -101,7 +101,7 @@ def readonly_levers(info: RemoteInfo, reading: RemoteReading | None) -> dict[str
     hidden = "set on the remote; its metrics do not reveal it"
     what_if = "the simulated fleet's only; the remote backend has no simulated mode"
     return {
-        key: what_if if lever.apply == "sim" else known.get(key, hidden)
+        key: what_if if lever.apply == Apply.SIM else known.get(key, hidden)
         for key, lever in LEVERS.items()
         if key not in (*REMOTE_LEVERS, "executor")
     }

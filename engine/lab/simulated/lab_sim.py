@@ -28,13 +28,13 @@ from typing import Any
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
 from engine.lab.envelope import Facts
-from engine.lab.facade import SimState
+from engine.lab.facade import Executor, SimState
+from engine.lab.lever_routes import Route, by_route
 from engine.lab.replica_bounds import replica_bounds
 from engine.lab.shape import min_tensor_parallel
 from engine.lab.simulated.lab_check import BADGE_LEVERS, badge, check_sim, fits
 from engine.lab.simulated.pools import merge_pools
-from engine.lab.traffic import Ramp
-from engine.levers import ROUTER_LEVERS
+from engine.lab.traffic import Ramp, ramp_after
 from engine.sampling_params import SamplingParams
 from engine.sequence import FinishReason
 from engine.serving.driver import WallClockDriver
@@ -42,7 +42,6 @@ from engine.serving.load.loadgen import arrival_gap, draw_length
 from engine.serving.load.prompt_mix import Conversations, OpenTurns, PromptMix, compact_system_ids, next_turn
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, RouterConfig
-from engine.serving.scaling.autoscaler import LEVERS as AUTOSCALER_LEVERS
 from engine.serving.scaling.autoscaler import TARGET_LEVERS, Autoscaler, AutoscalerConfig
 from engine.serving.scaling.fleet import SNAPSHOT_HZ, Fleet, FleetConfig
 from engine.serving.telemetry.events import EventLog
@@ -54,12 +53,6 @@ from engine.sim.workload import SimRequest
 
 PACER_HZ = SNAPSHOT_HZ  # wall ticks a second; each runs the loop up to now * sim_speed and sends one snapshot
 MAX_LAG_S = 0.5  # a slice the simulation cannot keep up with is dropped, not made up in a burst
-IN_PLACE_LEVERS = ("max_num_seqs", "max_batched_tokens", "chunked_prefill", "prefix_caching", "num_speculative_tokens")
-# Levers whose change needs a new simulated fleet (the deployment or the pools change).
-REBUILD_LEVERS = (
-    "model", "device", "gpu_count", "tensor_parallel", "pipeline_parallel", "pipeline_overlap", "weight_dtype",
-    "kv_dtype", "prefill_gpus", "decode_gpus", "paged", "block_size", "spec_acceptance",
-)
 
 
 class SimLab:
@@ -224,21 +217,22 @@ class SimLab:
     # levers -------------------------------------------------------------------------------------
 
     def needs_rebuild(self, changed: dict[str, Any]) -> bool:
-        return any(key in REBUILD_LEVERS for key in changed) or (
-            self.autoscaler is None and any(key in AUTOSCALER_LEVERS for key in changed)
-        )
+        routed = by_route(changed, Executor.SIM)
+        # a fleet built without an autoscaler gains one only as a new fleet
+        return bool(routed[Route.REBUILD]) or (self.autoscaler is None and bool(routed[Route.SCALING]))
 
     def apply(self, changed: dict[str, Any]) -> None:
         """Levers this fleet takes as it runs (load, queue, batch, autoscaler); the caller has
         checked needs_rebuild first."""
         with self._lock:
             self.levers |= changed
+            routed = by_route(changed, Executor.SIM)
             fleets = [f for f in (self.fleet, self.decode_fleet) if f is not None]
-            router = {k: changed[k] for k in ROUTER_LEVERS if k in changed}
+            router = dict(routed[Route.ROUTER])
             if "rate_limit" in router:
                 router["rate_limit"] = router["rate_limit"] or None
-            in_place = {k: changed[k] for k in IN_PLACE_LEVERS if k in changed}
-            defences = {k: changed[k] for k in Defences.names() if k in changed}
+            in_place = routed[Route.ENGINE]
+            defences = routed[Route.DEFENCE]
             if defences:
                 self.defences.update(**defences)
             for fleet in fleets:
@@ -246,12 +240,11 @@ class SimLab:
                     fleet.router.reconfigure(**router)
                 if in_place:
                     fleet.reconfigure(**in_place)
-            scaling = {k: changed[k] for k in (*AUTOSCALER_LEVERS, *TARGET_LEVERS) if k in changed}
+            scaling = routed[Route.SCALING]
             if self.autoscaler is not None and scaling:
                 fewest, most = replica_bounds(self.levers, warm_pool_holds_devices=True)
                 self.autoscaler.reconfigure(**(scaling | {"min_replicas": fewest, "max_replicas": most}))
-            if "request_rate" in changed and self.ramp is not None:
-                self.ramp = None  # the lever takes over from a ramp, as live
+            self.ramp = ramp_after(self.ramp, routed[Route.LOAD])
 
     # running ------------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from engine.errors import InvalidParamError
+from engine.lab.facade import Executor
 from engine.lab.replica_bounds import replica_bounds
 from engine.serving.telemetry.metrics import WINDOW_S
 from engine.sim import calibration
@@ -41,7 +42,7 @@ LIVE_LEVERS = (
 def live_spec(levers: dict[str, Any]) -> SimSpec:
     """The SimSpec that matches the live lab at these levers; InvalidParamError when the
     simulator's `cpu` device cannot stand for it (naming the lever that is out of its reach)."""
-    if levers.get("executor", "live") != "live":
+    if levers.get("executor", Executor.LIVE) != Executor.LIVE:
         raise InvalidParamError(
             "executor", "predict-then-run compares the simulator with the live engine: switch to live"
         )

@@ -8,6 +8,7 @@ goodput = completed requests meeting every SLO, per second of the run."""
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 from dataclasses import dataclass, field
@@ -15,6 +16,20 @@ from typing import Any
 
 SLO_METRICS = ("ttft", "tpot", "e2el")  # per-request metrics an SLO can bound, as in vLLM
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+class RequestStatus(enum.StrEnum):
+    """How a request ended (pending until it does). A StrEnum: to_dict's JSON and the result files
+    keep the plain words, and a member still equals its string."""
+
+    PENDING = "pending"
+    OK = "ok"
+    FAILED = "failed"
+    REJECTED = "rejected"  # refused at admission (its http_status says why), so it never ran
+    GAVE_UP = "gave_up"  # the client's patience ran out
+
+
+NOT_FAILURES = (RequestStatus.OK, RequestStatus.REJECTED)  # the summary counts every other status as failed
 
 
 @dataclass
@@ -27,7 +42,7 @@ class RequestRecord:
     request_id: str
     prompt_tokens: int
     max_tokens: int
-    status: str = "pending"  # pending, ok, failed, rejected, gave_up (the client's patience ran out)
+    status: RequestStatus = RequestStatus.PENDING
     send_time: float | None = None  # loadgen.now() seconds, of the first attempt (what a user waits from)
     token_times: list[float] = field(default_factory=list)  # every chunk that carried tokens
     end_time: float | None = None
@@ -49,14 +64,14 @@ class RequestRecord:
         """An attempt goes out; the first one's time is the request's send time, so a retried
         request's TTFT and e2e count every wait its user sat through."""
         with self._lock:
-            if self.status == "pending":
+            if self.status == RequestStatus.PENDING:
                 self.attempts += 1
                 if self.send_time is None:
                     self.send_time = now
 
     def token(self, now: float, count: int = 1, ids: list[int] | None = None) -> None:
         with self._lock:
-            if self.status == "pending":
+            if self.status == RequestStatus.PENDING:
                 self.token_times.append(now)
                 self._counted += count
                 if ids:
@@ -65,36 +80,36 @@ class RequestRecord:
     def answer(self, ids: list[int]) -> None:
         """Generated ids that came without a token time of their own."""
         with self._lock:
-            if self.status == "pending":
+            if self.status == RequestStatus.PENDING:
                 self.output_token_ids += ids
 
     def done(self, output_tokens: int | None = None) -> None:
         """The stream ended normally; output_tokens from usage when the server gave it."""
         with self._lock:
-            if self.status != "pending":
+            if self.status != RequestStatus.PENDING:
                 return
             if not self.token_times:
-                self.status, self.error = "failed", "the stream ended without a token"
+                self.status, self.error = RequestStatus.FAILED, "the stream ended without a token"
                 return
-            self.status = "ok"
+            self.status = RequestStatus.OK
             self.end_time = self.token_times[-1]  # vLLM's latency: the last token chunk
             self.output_tokens = output_tokens if output_tokens else self._counted
 
     def fail(self, message: str, http_status: int | None = None) -> None:
         with self._lock:
-            if self.status == "pending":
-                self.status, self.error, self.http_status = "failed", message, http_status
+            if self.status == RequestStatus.PENDING:
+                self.status, self.error, self.http_status = RequestStatus.FAILED, message, http_status
 
     def give_up(self, message: str) -> None:
         """The client stopped waiting and hung up (its patience ran out)."""
         with self._lock:
-            if self.status == "pending":
-                self.status, self.error = "gave_up", message
+            if self.status == RequestStatus.PENDING:
+                self.status, self.error = RequestStatus.GAVE_UP, message
 
     def reject(self, http_status: int, retry_after_s: float | None, message: str) -> None:
         with self._lock:
-            if self.status == "pending":
-                self.status, self.http_status = "rejected", http_status
+            if self.status == RequestStatus.PENDING:
+                self.status, self.http_status = RequestStatus.REJECTED, http_status
                 self.retry_after_s, self.error = retry_after_s, message
 
     # derived values (seconds) -----------------------------------------------------------------
@@ -124,7 +139,7 @@ class RequestRecord:
         return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
     def to_dict(self) -> dict[str, Any]:
-        ok = self.status == "ok"
+        ok = self.status == RequestStatus.OK
         return {
             "index": self.index,
             "request_id": self.request_id,
@@ -167,7 +182,7 @@ def summarize(records: list[RequestRecord], duration_s: float, slos: dict[str, f
         raise ValueError(f"SLOs can bound {', '.join(SLO_METRICS)}; got {', '.join(sorted(unknown))}")
     if duration_s <= 0:
         raise ValueError("duration_s must be positive")
-    done = [r for r in records if r.status == "ok"]
+    done = [r for r in records if r.status == RequestStatus.OK]
     values: dict[str, list[float]] = {
         "ttft": [r.ttft for r in done],  # type: ignore[misc]  (set for every ok record)
         "tpot": [r.tpot for r in done if r.output_tokens > 1],
@@ -177,15 +192,15 @@ def summarize(records: list[RequestRecord], duration_s: float, slos: dict[str, f
     good = sum(all(getattr(r, name) * 1000.0 <= slo for name, slo in slos.items()) for r in done)
     total_in = sum(r.prompt_tokens for r in done)
     total_out = sum(r.output_tokens for r in done)
-    rejected = [r for r in records if r.status == "rejected"]
+    rejected = [r for r in records if r.status == RequestStatus.REJECTED]
     summary: dict[str, Any] = {
         "duration_s": duration_s,
         "num_requests": len(records),
         "completed": len(done),
-        "failed": sum(r.status not in ("ok", "rejected") for r in records),
+        "failed": sum(r.status not in NOT_FAILURES for r in records),
         "rejected": len(rejected),
         "rejected_by_status": _count(str(r.http_status) for r in rejected),
-        "errors": _count(r.error or "" for r in records if r.status not in ("ok", "rejected")),
+        "errors": _count(r.error or "" for r in records if r.status not in NOT_FAILURES),
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
         "request_throughput": len(done) / duration_s,

@@ -22,7 +22,7 @@ from typing import Any
 from engine.clock import Clock
 from engine.sequence import FinishReason
 from engine.serving.replicas.messages import StepMessage
-from engine.step_record import StepRecord
+from engine.step_record import DECODE, HANDOFF, PREFILL, StepRecord
 
 WINDOW_ROWS = 300
 ROWS_PER_S = 30.0  # new rows a second at most, beyond those with a user: what a browser can draw
@@ -263,18 +263,18 @@ class RequestTraces:
             row = rows.get(entry.request_id)
             if row is None or row.ended:
                 continue
-            if entry.phase != "decode" or row.outcome is not Outcome.DECODE or record.end - row._sent >= REFRESH_S:
+            if entry.phase != DECODE or row.outcome is not Outcome.DECODE or record.end - row._sent >= REFRESH_S:
                 self._changed[row.id] = None
             if row.outcome is Outcome.HANDOFF and row.handoff is not None:  # landed: the decode replica's first step
                 row.handoff[1] = record.start
             row.replica = record.replica
             if row.scheduled is None:
                 row.scheduled = record.start
-            if entry.phase == "prefill":
+            if entry.phase == PREFILL:
                 row.chunks.append([record.start, entry.tokens])
                 row.outcome = Outcome.PREFILL
                 row._prefill_end = record.end
-            elif entry.phase == "handoff":  # landed: the last partial block computed, a token made
+            elif entry.phase == HANDOFF:  # landed: the last partial block computed, a token made
                 row._decode(1, record.end)
             else:
                 row._decode(entry.tokens, record.end)

@@ -1,5 +1,5 @@
-"""Shared by the attention tests: the device they run on, the Triton kernels, and random paged
-KV caches.
+"""Shared by the attention tests: the device they run on, the Triton kernels, random paged
+KV caches, and dense attention over unpaged K/V as the reference.
 
 SERVELAB_TEST_DEVICE=cuda runs them on the GPU (bench/device_check runs its own cases). Otherwise they run on
 CPU, the Triton kernels in Triton's interpreter, which has to be on before
@@ -20,7 +20,10 @@ if DEVICE == "cpu":
 
 from engine.kernels import triton_attention  # after the interpreter is on
 
-__all__ = ["DEVICE", "DTYPES", "TOLERANCE", "PagedBatch", "cdiv", "empty_cache", "paged_batch", "triton_attention"]
+__all__ = [
+    "DEVICE", "DTYPES", "TOLERANCE", "PagedBatch", "cdiv", "dense_attention", "empty_cache", "paged_batch",
+    "triton_attention",
+]  # fmt: skip
 
 # Dtypes the kernels are tested in: the interpreter cannot do bf16 arithmetic, the GPU can.
 DTYPES = [torch.bfloat16, torch.float16, torch.float32] if DEVICE == "cuda" else [torch.float16, torch.float32]
@@ -86,3 +89,17 @@ def paged_batch(
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=DEVICE)
     context_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     return PagedBatch(caches[0], caches[1], block_tables, context_lens, keys, values)
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal_offset: int | None) -> torch.Tensor:
+    """q [n, H, D], k/v [L, KVH, D]; query i sees keys j <= i + offset (all keys if None)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("nhd,lhd->hnl", q.double(), k.double()) / q.shape[-1] ** 0.5
+    if causal_offset is not None:
+        n, length = q.shape[0], k.shape[0]
+        mask = (
+            torch.arange(length, device=q.device)[None, :] > torch.arange(n, device=q.device)[:, None] + causal_offset
+        )
+        scores = scores.masked_fill(mask, float("-inf"))
+    return torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v.double()).to(q.dtype)

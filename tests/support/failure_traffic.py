@@ -16,7 +16,7 @@ from engine.serving.replicas.messages import RequestError, TokenDelta
 from engine.serving.replicas.replica_process import replica_pids
 from engine.serving.routing.router import AdmissionError
 from engine.serving.scaling.fleet import Fleet
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 @dataclass
@@ -78,6 +78,12 @@ def seed_of(tag: str) -> int:
 
 def ratio(a: float, b: float) -> float:
     return a / max(b, 1e-9)
+
+
+def said(what: str, a: float, b: float, bound: str) -> str:
+    """The message of a timing assertion: the ratio it checks, and the two times it measured (a
+    busy machine slows both sides of a ratio; a failure says by how much it missed)."""
+    return f"{what}: {a:.3f} s / {b:.3f} s = {ratio(a, b):.2f}x, expected {bound}"
 
 
 def assert_idle_and_whole(fleet: Fleet, pids: list[int]) -> None:

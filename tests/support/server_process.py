@@ -14,7 +14,7 @@ from pathlib import Path
 
 from engine.serving.replicas.replica_process import replica_pids
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def kv_budget_mb(bf16_mb: int) -> str:
