@@ -75,16 +75,17 @@ class RemoteLab:
         self.reading: RemoteReading | None = None  # the newest scrape that mapped
         self.info = RemoteInfo(False, problem=NOT_PROBED)
         self.levers = {key: lever.default for key, lever in LEVERS.items()}
+        # The lab's clients send through the lab's proxy to the remote, with its key; the levers
+        # below move it (a rate lever ends a ramp), so it is there first.
+        self.traffic = TrafficDriver(
+            None, lambda: self.levers, api_key=config.api_key, context=lambda: self.info.max_model_len
+        )
         self.set_levers(levers or {}, "the command line", quiet=True)
         self.problems: dict[str, str | None] = {"api": None, "metrics": None}
         self._subscribers: list[Callable[[RemoteSnapshot], None]] = []
         self.next_probe = 0.0
         self._orphans: deque[tuple[float, int]] = deque()  # (time, the proxy's orphan_chunks)
         self._lock = threading.RLock()
-        # The lab's clients send through the lab's proxy to the remote, with its key.
-        self.traffic = TrafficDriver(
-            None, lambda: self.levers, api_key=config.api_key, context=lambda: self.info.max_model_len
-        )
         self._connected_model: str | None = None
         self.poller = RemotePoller(self)
         self.run = 0  # one remote, one run: the stream's charts never reset
