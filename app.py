@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 from flask import Flask, request
 from flask_socketio import SocketIO
 
-from engine import machine
 from engine.errors import InvalidParamError
 from engine.lab.facade import Executor, LabFacade
 from engine.launch.served import preload_allocator, served_levers
 from engine.levers import LEVERS, parse_bool, validate_levers
-from engine.machine import MachineError
+from engine.platform import machine
+from engine.platform.machine import MachineError
 from engine.serving.routing.router import api_keys_from_env
 from web import create_api_app
 from web.classroom import install_classroom

@@ -20,7 +20,7 @@ import torch
 
 from bench.workload import make_workload
 from engine import LLM, SamplingParams
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 
 Case = Callable[[LLMEngine], float]
 

@@ -2,7 +2,7 @@
 bench's (SmolLM2: 9 query heads, 3 KV heads, head_dim 64, bf16, blocks of 16, contexts 114-463):
 `python -m bench.attention_op_bench [--shuffled] [--huge-pages] [--isa TIER] [--dtype DTYPE]`.
 --shuffled scatters each sequence's blocks over the cache (a long-running server's), --huge-pages
-puts the caches on transparent huge pages (engine/huge_pages.py), as the engine does; --isa caps
+puts the caches on transparent huge pages (engine/platform/huge_pages.py), as the engine does; --isa caps
 the op's routines to a tier (scalar, avx2, avx512, ...: what a CPU of that class runs; default
 this one's), --dtype is the caches' and queries'. Prints the median of 15 steps."""
 
@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from engine import machine
-from engine.huge_pages import zeros_on_huge_pages
 from engine.kernels import cpu_attention
+from engine.platform import machine
+from engine.platform.huge_pages import zeros_on_huge_pages
 
 BATCH, KV_HEADS, HEADS, HEAD_DIM, BLOCK, LAYERS = 64, 3, 9, 64, 16, 30
 
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
     for b, n in enumerate(blocks):
         tables[b, :n] = order[start : start + n].int()
         start += n
-    shape = (KV_HEADS, num_blocks, BLOCK, HEAD_DIM)  # heads outermost, as engine/runner.py keeps them
+    shape = (KV_HEADS, num_blocks, BLOCK, HEAD_DIM)  # heads outermost, as engine/worker/runner.py keeps them
 
     def cache() -> torch.Tensor:
         t = zeros_on_huge_pages(shape, dtype) if args.huge_pages else torch.empty(shape, dtype=dtype)

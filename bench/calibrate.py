@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from engine.config import EngineConfig
-from engine.host_load import ConditionMeter, count_pauses
+from engine.core.memory import MemoryPlan
 from engine.launch.served import served_levers
-from engine.memory import MemoryPlan
+from engine.platform.host_load import ConditionMeter, count_pauses
 from engine.sim import calibration
 from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.deployment import Deployment
@@ -62,8 +62,8 @@ def measure(
     case: 33 ms against a typical 41 ms at 1 req/s (BENCHMARKS.md, the simulator against live).
     A step a pause fell inside (the live engine had work: engine/launch/yielding.py) is not a
     timing; the grid runs again, up to MAX_RUNS in all, until each step has `repeats` clean ones.
-    The meter records what else ran meanwhile (engine/host_load.py)."""
-    from engine.llm_engine import LLMEngine
+    The meter records what else ran meanwhile (engine/platform/host_load.py)."""
+    from engine.core.llm_engine import LLMEngine
 
     meter = meter or ConditionMeter()
     engine = LLMEngine(config)
@@ -192,7 +192,7 @@ def main() -> int:
 
 def fit_and_write(config: EngineConfig, meter: ConditionMeter | None = None) -> bool:
     """Measure, fit, and keep the fit as this machine's if it was measured within the bounds
-    (engine/host_load.py); else record why it was refused and keep nothing. True if kept."""
+    (engine/platform/host_load.py); else record why it was refused and keep nothing. True if kept."""
     meter = meter or ConditionMeter()
     samples, memory, run_config = measure(config, meter=meter)
     if len(samples) < MIN_STEPS:  # nothing to fit: every run of the grid was paused partway

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-peers", action="store_true")
     parser.add_argument("--rounds", type=int, default=2, help="ServeLab and vLLM alternate this many times")
     parser.add_argument("--device", default="cpu", help="cuda: ServeLab only (the peers and the roofline are CPU's)")
-    parser.add_argument("--dtype", default="auto", help="ServeLab's (auto: what engine/machine.py picks here)")
+    parser.add_argument("--dtype", default="auto", help="ServeLab's (auto: what engine/platform/machine.py picks here)")
     parser.add_argument("--vllm-dtype", default="bfloat16", help="vLLM-CPU's; float32 is its best without native bf16")
     parser.add_argument("--vllm-model", type=Path, default=None,
                         help="vLLM-CPU's checkpoint (default: the HF export; bench/export_w8a8.py's for its W8A8)")  # fmt: skip

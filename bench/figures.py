@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.figures_beyond import measure_disagg, measure_spec
 from bench.workload import OUTPUT_TOKENS, make_workload
-from engine.host_load import ConditionMeter, Conditions, count_pauses
+from engine.platform.host_load import ConditionMeter, Conditions, count_pauses
 from engine.sim import calibration
 from web.figures import GROUPS, REFERENCE, SPECS, local_path
 
@@ -65,7 +65,7 @@ def measure_offline() -> dict[str, float | None]:
 
 
 def _dtype() -> str:
-    from engine import machine
+    from engine.platform import machine
 
     return machine.resolve_dtype("auto", "cpu", machine.cpu())[0]
 
@@ -119,7 +119,7 @@ def measure_roofline() -> dict[str, float]:
             "ops_per_byte": roof.matmul_rate / roof.read_bandwidth,
             # a 225-token prompt's matmuls (225 tokens x one token's FLOPs, context 0) at that rate
             "prefill_225_compute_ms": 225 * roof.flops / roof.matmul_rate * 1000,
-            # K and V of one token in every layer, as the KV cache holds them (engine/memory.py)
+            # K and V of one token in every layer, as the KV cache holds them (engine/core/memory.py)
             "kv_token_kb": 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes / 1024}  # fmt: skip
 
 

@@ -14,9 +14,9 @@ import sys
 
 from bench.workload import make_workload
 from engine import LLM, SamplingParams
+from engine.core.llm_engine import LLMEngine
+from engine.core.step_record import StepRecord
 from engine.launch.served import SERVED_LEVERS
-from engine.llm_engine import LLMEngine
-from engine.step_record import StepRecord
 
 
 def decode_steps(engine: LLMEngine, batch: int, steps: int) -> list[StepRecord]:

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.int8_linear_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--isa", default=None, help="cap the CPU tier (SERVELAB_CPU_ISA), e.g. avx2")
     args = parser.parse_args(argv)
-    from engine import machine  # torch-free: the cap is set before torch loads
+    from engine.platform import machine  # torch-free: the cap is set before torch loads
 
     machine.apply_isa_override(args.isa)
     import torch

@@ -4,7 +4,7 @@ on x86) against oneDNN's prepacked weights, in fp32 and bf16, for SmolLM2-135M's
     SERVELAB_CPU_ISA=avx2 python -m bench.linear_paths     (as on an AVX2 CPU)
     python -m bench.linear_paths
 
-What engine/machine.py's linear_path chooses should be the faster one here. Run it alone.
+What engine/platform/machine.py's linear_path chooses should be the faster one here. Run it alone.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import sys
 import time
 
-from engine import machine
+from engine.platform import machine
 
 machine.apply_isa_override()  # SERVELAB_CPU_ISA caps torch's kernels: before torch reads its environment
 

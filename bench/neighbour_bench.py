@@ -4,7 +4,7 @@ the browser that draws the charts on a learner's 2-core laptop), at batch 1 and 
     python -m bench.neighbour_bench [--isa avx2] [--steps 40] [--modes adaptive,fixed]
 
 Each row runs in a fresh process (the thread settings and SERVELAB_CPU_ISA are read at start):
-`adaptive` is the engine as it ships (engine/threads.py fits its threads to the cores others
+`adaptive` is the engine as it ships (engine/platform/threads.py fits its threads to the cores others
 leave), `fixed` keeps torch's thread count whatever happens, `passive` is fixed with
 OMP_WAIT_POLICY=PASSIVE. The ratio beside / alone is the figure: losing one core of two should
 cost a step at most 2x. Run it on an otherwise idle machine.

@@ -5,7 +5,7 @@ two TP ranks: output tokens/s under a closed load, each stage's busy time per st
 
 The load: `--requests` requests at once, each a `--prompt`-token prompt and `--output` tokens
 (greedy, ignore_eos), driven through the engine's own step loop; tokens/s counts output tokens over
-the whole run; the per-stage figures are the engine's (engine/collectives.py StageClock, over the
+the whole run; the per-stage figures are the engine's (engine/parallel/collectives.py StageClock, over the
 latest 5 s) read halfway through the decode, at steady state. On a 2-core CPU each stage (or rank)
 gets one core where one rank used both: the point is not speed but where the time goes, with two
 batches in flight against one."""

@@ -24,13 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     args = parser.parse_args(argv)
-    from engine import machine  # torch-free: the cap is set before torch loads
+    from engine.platform import machine  # torch-free: the cap is set before torch loads
 
     machine.apply_isa_override(args.isa)
     from bench.engine_bench import build_servelab, round_seed, run_servelab
     from bench.workload import time_one_stream
-    from engine import SamplingParams, machine
+    from engine import SamplingParams
     from engine.launch.served import served_levers
+    from engine.platform import machine
 
     n = args.num_requests
     print(f"{machine.cpu().describe()}; LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}", flush=True)

@@ -48,7 +48,7 @@ def next_token_logprobs(levers: dict, cases: list[tuple[list[int], list[int]]]) 
     import torch
 
     from engine.config import EngineConfig
-    from engine.live_executor import load_live
+    from engine.worker.live_executor import load_live
 
     parts = load_live(EngineConfig(**levers))
     try:
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="the reference engine's dtype (auto: this machine's)")
     parser.add_argument("--isa", default=None, help="cap the CPU tier (SERVELAB_CPU_ISA), e.g. avx2")
     args = parser.parse_args(argv)
-    from engine import machine  # torch-free: the cap is set before torch loads
+    from engine.platform import machine  # torch-free: the cap is set before torch loads
 
     machine.apply_isa_override(args.isa)
     from engine.model.int8_linear import has_int8_dot

@@ -35,7 +35,7 @@ def batch(chunks: list[tuple[int, int]], g: torch.Generator) -> tuple:
     for b, n in enumerate(blocks):
         tables[b, :n] = order[at : at + n].int()
         at += n
-    shape = (KV_HEADS, num_blocks, BLOCK, HEAD_DIM)  # heads outermost, as engine/runner.py keeps them
+    shape = (KV_HEADS, num_blocks, BLOCK, HEAD_DIM)  # heads outermost, as engine/worker/runner.py keeps them
     caches = [
         tuple(torch.randn(shape, generator=g).bfloat16().permute(1, 2, 0, 3) for _ in range(2)) for _ in range(LAYERS)
     ]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from engine.kernels import cpu_attention
-from engine.sampler import _filtered_draw, draw_torch
+from engine.sample.sampler import _filtered_draw, draw_torch
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def fibonacci(n):", "Explain how a CPU cache works.",
            "In 1905, Albert Einstein", "The best way to learn a language is", "Here is a recipe for bread:",

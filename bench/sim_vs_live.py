@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
 
     notes = []
     from engine.config import EngineConfig
-    from engine.machine import usable_cores
+    from engine.platform.machine import usable_cores
 
     cores = usable_cores()  # the server's one replica runs a thread per core it owns
     if exe["num_threads"] not in (None, cores):

@@ -63,7 +63,7 @@ def _allreduce_rank(rank: int, port: int, shape: tuple[int, int], count: int, re
     import torch
     import torch.distributed as dist
 
-    from engine.machine import affinity, set_affinity
+    from engine.platform.machine import affinity, set_affinity
 
     set_affinity([affinity()[rank % len(affinity())]])
     torch.set_num_threads(1)

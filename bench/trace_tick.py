@@ -11,9 +11,9 @@ import statistics
 import time
 
 from engine.clock import VirtualClock
+from engine.core.step_record import StepEntry, StepRecord
 from engine.serving.replicas.messages import StepMessage
 from engine.serving.telemetry.traces import WINDOW_ROWS, RequestTraces
-from engine.step_record import StepEntry, StepRecord
 
 STEPS_PER_TICK = 6  # a replica decoding at ~36 steps/s, ticked six times a second
 REPEATS = 50

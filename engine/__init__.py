@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine import machine as _machine
+from engine.platform import machine as _machine
 
 # SERVELAB_CPU_ISA caps torch's kernels too: set before torch reads its environment.
 _machine.apply_isa_override()
@@ -22,7 +22,7 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name == "LLMEngine":
-        from engine.llm_engine import LLMEngine
+        from engine.core.llm_engine import LLMEngine
 
         return LLMEngine
     if name == "SamplingParams":

@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         preload_allocator()  # the replicas start with tcmalloc
         return serve_forever(args, _levers(args))
 
+    from engine.core.llm_engine import LLMEngine
     from engine.errors import InvalidParamError
-    from engine.llm_engine import LLMEngine
     from engine.sampling_params import SamplingParams
 
     try:

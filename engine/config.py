@@ -10,7 +10,7 @@ from typing import Any
 from engine.errors import InvalidParamError
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
-# "auto": bf16 where the device multiplies it natively, else fp32 (engine/machine.py decides).
+# "auto": bf16 where the device multiplies it natively, else fp32 (engine/platform/machine.py decides).
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # How the scheduler admits against KV memory. "greedy" (vLLM): a prompt's blocks are enough, and
 # when decodes outgrow the cache the newest sequence is preempted and recomputed. "reserve"
@@ -33,8 +33,8 @@ IN_PLACE_FIELDS = frozenset({
 @dataclass
 class EngineConfig:
     model: str | None = None  # GGUF file or HF folder; None means the default SmolLM2 GGUF
-    dtype: str = "auto"  # DTYPES; what it resolves to and why: engine/machine.py
-    # "auto": the first CUDA device where torch sees one, else the CPU (engine/machine.py
+    dtype: str = "auto"  # DTYPES; what it resolves to and why: engine/platform/machine.py
+    # "auto": the first CUDA device where torch sees one, else the CPU (engine/platform/machine.py
     # resolve_device); "cpu", "cuda" (cuda:0) or "cuda:N". A replica of several ranks takes N onwards.
     device: str = "auto"
     quantization: str = "none"  # QUANTIZATIONS
@@ -64,13 +64,13 @@ class EngineConfig:
     # 0.0: admit as soon as the first chunk fits (vLLM v1's rule, the default).
     kv_watermark: float = 0.0
     num_threads: int | None = None  # torch CPU threads; None leaves torch's default
-    # Fewer threads while other processes keep this replica's cores busy (engine/threads.py); the
+    # Fewer threads while other processes keep this replica's cores busy (engine/platform/threads.py); the
     # most it uses is num_threads. Off: the count is fixed (benchmarks that compare thread counts).
     adaptive_threads: bool = True
-    # Ranks (processes) one replica's model is split across (engine/distributed.py); at most the
+    # Ranks (processes) one replica's model is split across (engine/parallel/distributed.py); at most the
     # model's KV heads. memory_cap_mb applies to each rank.
     tensor_parallel: int = 1
-    # Pipeline stages (engine/distributed.py): the layers split into this many contiguous stages,
+    # Pipeline stages (engine/parallel/distributed.py): the layers split into this many contiguous stages,
     # one process (or TP group) each; a replica is tensor_parallel x pipeline_parallel ranks. At
     # most the model's layers. memory_cap_mb applies to each rank.
     pipeline_parallel: int = 1
@@ -79,7 +79,7 @@ class EngineConfig:
     pipeline_overlap: bool = True
     # The forward through torch.compile (engine/model/compile.py): CPU, the C++ op, one rank.
     compile: bool = False
-    # The CPU KV cache on 2 MiB pages (engine/huge_pages.py): attention over scattered blocks 15%
+    # The CPU KV cache on 2 MiB pages (engine/platform/huge_pages.py): attention over scattered blocks 15%
     # faster, but touching them costs every start 5-10 s on these VMs; like compile, off by
     # default (the lab's rebuilds and the test suite's engines would pay it), on in `make bench`.
     huge_pages: bool = False
@@ -88,7 +88,7 @@ class EngineConfig:
     collective_timeout: bool = True
     # Kernels whose reduction order does not depend on the batch (a cost, not a defence).
     batch_invariant: bool = False
-    # CUDA graphs for decode-only steps (engine/cuda_graphs.py): each padded batch size's forward
+    # CUDA graphs for decode-only steps (engine/worker/cuda_graphs.py): each padded batch size's forward
     # is captured once and replayed, so a small model's decode is not bound by ~600 kernel launches;
     # kept only for the sizes where the replay measured faster at capture. CUDA, one rank only.
     cuda_graphs: bool = True
@@ -102,7 +102,7 @@ class EngineConfig:
     # steps before the scheduler looks again (nothing is admitted meanwhile), and the run's tokens
     # are delivered together when it ends. A step with prompt work is always a single step.
     scheduler_steps: int = 1
-    # Speculative decoding by n-gram prompt lookup (engine/spec_decode.py; vLLM's speculative_config
+    # Speculative decoding by n-gram prompt lookup (engine/sample/spec_decode.py; vLLM's speculative_config
     # method "ngram"): a decode guesses up to this many next tokens from where its last
     # spec_lookup_max..spec_lookup_min tokens appeared before (vLLM's prompt_lookup_max / _min), and
     # one forward pass checks them. 0: off. Paged, one pipeline stage and one scheduler step only.

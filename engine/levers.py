@@ -110,7 +110,7 @@ LEVERS: dict[str, Lever] = {
         Lever("ttft_target_ms", int, 1000, "TTFT target (p99)", "ms", 10, 60000),
         Lever("paged", bool, True, "Paged KV + continuous batching", apply="rebuild"),
         Lever("tensor_parallel", int, 1, "Tensor-parallel degree", "", choices=(1, 2, 4, 8, 16), apply="rebuild"),
-        # A replica is tensor_parallel x pipeline_parallel devices (engine/distributed.py).
+        # A replica is tensor_parallel x pipeline_parallel devices (engine/parallel/distributed.py).
         Lever("pipeline_parallel", int, 1, "Pipeline stages", "", 1, 16, apply="rebuild"),
         Lever("pipeline_overlap", bool, True, "Pipeline overlap (a batch per stage)", apply="rebuild"),
         Lever("weight_dtype", str, "bf16", "Weight dtype", choices=("bf16", "fp8", "fp4"), apply="sim"),
@@ -128,7 +128,7 @@ LEVERS: dict[str, Lever] = {
         # Precision on the live engine (the simulator's are weight_dtype and kv_dtype).
         Lever("quantization", str, "none", "Weights (live): int8 = W8A8", choices=("none", "int8"), apply="rebuild"),
         Lever("kv_cache_dtype", str, "auto", "KV cache dtype (live)", choices=("auto", "fp8"), apply="rebuild"),
-        # Speculative decoding (engine/spec_decode.py): n-gram guesses checked in one pass. Live,
+        # Speculative decoding (engine/sample/spec_decode.py): n-gram guesses checked in one pass. Live,
         # the guesses come from the text; simulated, spec_acceptance stands for how often they hold.
         Lever("num_speculative_tokens", int, 0, "Speculative tokens (0 = off)", "tokens", 0, 8),
         Lever("spec_lookup_max", int, 4, "Guess lookup: longest match", "tokens", 1, 16),

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.sequence import FinishReason, RequestTimes, TokenLogprobs
 from engine.sampling_params import SamplingParams
-from engine.sequence import FinishReason, RequestTimes, TokenLogprobs
 
 Prompt = str | list[int] | dict[str, Any]
 
@@ -23,7 +23,7 @@ class GenerationOutput:
     finish_reason: FinishReason | None
     num_cached_tokens: int
     times: RequestTimes
-    # When SamplingParams asked for them (engine/logprobs.py): per output token; per prompt token.
+    # When SamplingParams asked for them (engine/sample/logprobs.py): per output token; per prompt token.
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs | None] | None = None
 

@@ -139,6 +139,6 @@ def _unit_tests_load_no_model(request: pytest.FixtureRequest, monkeypatch: pytes
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError(f"{request.node.nodeid} is in the unit tier but loads the model: tests/conftest.py")
 
-    import engine.live_executor
+    import engine.worker.live_executor
 
-    monkeypatch.setattr(engine.live_executor, "load_model", refuse)
+    monkeypatch.setattr(engine.worker.live_executor, "load_model", refuse)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
-from engine.distributed import process_state
 from engine.launch.yielding import REFUSED_EXIT, YieldingProcess
+from engine.parallel.distributed import process_state
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import RequestError, TokenDelta
 from engine.serving.routing.router import RouterConfig

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from engine import LLM, SamplingParams, machine
+from engine import LLM, SamplingParams
 from engine.kernels import cpu_attention
+from engine.platform import machine
 
 pytestmark = pytest.mark.integration
 

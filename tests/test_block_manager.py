@@ -7,10 +7,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.block_manager import BlockManager
 from engine.clock import VirtualClock
+from engine.core.block_manager import BlockManager
+from engine.core.sequence import RequestTimes, Sequence
 from engine.sampling_params import SamplingParams
-from engine.sequence import RequestTimes, Sequence
 
 pytestmark = pytest.mark.unit
 
@@ -129,8 +129,8 @@ def test_evicts_least_recently_freed_cached_block() -> None:
 def test_imported_prefix_is_found_like_a_cache_hit() -> None:
     """Disaggregated decode: the prompt's KV arrives from a prefill replica; admission then finds
     every full block cached and computes only what is left."""
+    from engine.core.sequence import RequestTimes, Sequence
     from engine.sampling_params import SamplingParams
-    from engine.sequence import RequestTimes, Sequence
 
     kv = BlockManager(num_blocks=8, block_size=4)
     prompt = list(range(10, 23))  # 13 tokens: 3 full blocks + 1

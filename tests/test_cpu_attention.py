@@ -2,7 +2,7 @@
 implementation, on random varlen batches: decodes and prefill chunks over cached prefixes in one
 call, shuffled block ids, caches NaN wherever no sequence wrote, outputs poisoned with NaN. Each
 routine family runs (the op capped at scalar, at AVX2, and at this CPU's tier), and the op's own
-probe of the tier agrees with engine/machine.py's, SERVELAB_CPU_ISA included.
+probe of the tier agrees with engine/platform/machine.py's, SERVELAB_CPU_ISA included.
 
 `make test` builds the op first (`make kernels`); where a compiler exists but the library does
 not, these tests fail rather than skip, so a broken build cannot pass unnoticed.
@@ -21,8 +21,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine import machine
 from engine.kernels import cpu_attention, cpu_build, paged_attention_decode, pick_impl, prefill_attention, store_kv
+from engine.platform import machine
 from tests.support.attention_cases import cdiv, dense_attention, empty_cache
 
 pytestmark = pytest.mark.integration
@@ -268,7 +268,7 @@ def test_the_op_probes_the_tier_engine_machine_does() -> None:
 
 CAPPED_RUN = """
 import sys, torch
-from engine import machine
+from engine.platform import machine
 from engine.kernels import cpu_attention
 assert cpu_attention.available()
 batches, outs = torch.load(sys.argv[1]), {}
@@ -282,7 +282,7 @@ print(cpu_attention.cpu_isa(), machine.cpu().tier)
 
 
 def test_servelab_cpu_isa_caps_the_op_to_the_same_routines_as_its_isa_argument(tmp_path: Path) -> None:
-    """Under SERVELAB_CPU_ISA=avx2 the op says avx2, as engine/machine.py does, and computes
+    """Under SERVELAB_CPU_ISA=avx2 the op says avx2, as engine/platform/machine.py does, and computes
     bit for bit what `isa="avx2"` computes here: decodes and a prefill chunk, bf16 and fp16."""
     info = machine.cpu()
     if info.arch != "x86_64" or machine.X86_TIERS.index(info.tier) < 1:
@@ -303,7 +303,7 @@ def test_servelab_cpu_isa_caps_the_op_to_the_same_routines_as_its_isa_argument(t
 
 
 def test_the_op_refuses_an_unknown_tier_and_caps_a_high_one_at_the_hardware() -> None:
-    """Its own check, for a library loaded without engine/machine.py's (which refuses both first).
+    """Its own check, for a library loaded without engine/platform/machine.py's (which refuses both first).
     The library reads SERVELAB_CPU_ISA once per process: each cap needs a new one."""
     code = (
         "import torch; from engine.kernels import cpu_build; "

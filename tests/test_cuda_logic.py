@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from engine import machine
 from engine.config import EngineConfig
-from engine.cuda_graphs import DecodeGraphs, bucket_of, capture_sizes, worth_keeping
+from engine.core.memory import MB, weight_footprint
+from engine.core.scheduler import SchedulerOutput
+from engine.core.sequence import RequestTimes, Sequence
 from engine.errors import InvalidParamError
-from engine.gpu_memory import CudaMemoryReading, finish_reading, plan_cuda_kv, profile_widest_step, start_reading
-from engine.host_staging import HostStaging
-from engine.memory import MB, weight_footprint
 from engine.model.llama import Llama
 from engine.model.llama_config import LlamaConfig
-from engine.runner import ModelRunner
+from engine.platform import machine
 from engine.sampling_params import SamplingParams
-from engine.scheduler import SchedulerOutput
-from engine.sequence import RequestTimes, Sequence
+from engine.worker.cuda_graphs import DecodeGraphs, bucket_of, capture_sizes, worth_keeping
+from engine.worker.gpu_memory import CudaMemoryReading, finish_reading, plan_cuda_kv, profile_widest_step, start_reading
+from engine.worker.host_staging import HostStaging
+from engine.worker.runner import ModelRunner
 
 pytestmark = pytest.mark.integration
 

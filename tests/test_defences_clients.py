@@ -344,7 +344,7 @@ def test_retry_after_without_jitter_is_the_exact_drain_estimate_read_at_each_ref
 
 def test_tokens_made_after_the_client_left_count_as_wasted_in_the_window() -> None:
     from engine.clock import VirtualClock
-    from engine.sequence import RequestTimes
+    from engine.core.sequence import RequestTimes
     from engine.serving.replicas.messages import StepMessage, TokenDelta
     from engine.serving.telemetry.metrics import MetricsBus
 

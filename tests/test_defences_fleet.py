@@ -24,9 +24,9 @@ import pytest
 
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
-from engine.distributed import process_state
 from engine.lab.simulated.lab_sim import SimLab
 from engine.levers import LEVERS
+from engine.parallel.distributed import process_state
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import AddRequest, RequestError, TokenDelta
 from engine.serving.replicas.replica import ReplicaHandle

@@ -8,8 +8,8 @@ import pytest
 
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.request_output import RequestOutput
+from engine.core.llm_engine import LLMEngine
+from engine.core.request_output import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sim.__main__ import parser, spec_from
 from engine.sim.deployment import SimConfigError

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import machine
+from engine.core.llm_engine import LLMEngine
 from engine.llm import LLM
-from engine.llm_engine import LLMEngine
+from engine.platform import machine
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.integration

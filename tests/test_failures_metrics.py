@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.clock import VirtualClock
-from engine.sequence import RequestTimes
+from engine.core.sequence import RequestTimes
 from engine.serving.replicas.messages import ReplicaStats, StepMessage, TokenDelta
 from engine.serving.telemetry.metrics import WINDOW_S, MetricsBus
 

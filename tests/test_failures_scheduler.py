@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.block_manager import BlockManager
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.core.block_manager import BlockManager
+from engine.core.llm_engine import LLMEngine
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import RequestTimes, Sequence
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import RequestTimes, Sequence
 from engine.serving.telemetry.metrics import window_percentile
 from tests.support.failure_traffic import prompt, ratio, said
 

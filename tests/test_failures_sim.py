@@ -12,7 +12,7 @@ import queue
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import TokenDelta
 from engine.serving.routing.router import RouterConfig

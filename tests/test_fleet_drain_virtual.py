@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.serving.routing.router import AdmissionError, RouterConfig

@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 from app import build_lab, create_app
-from engine.distributed import process_state
 from engine.errors import InvalidParamError, ServingError
 from engine.lab.live.lab import LiveLab
 from engine.lab.live.rank_hang import StoppedRank
 from engine.lab.remote.remote_backend import RemoteConfig
 from engine.lab.remote.remote_lab import RemoteLab
+from engine.parallel.distributed import process_state
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import RequestError, TokenDelta
 from tests.support.server_process import free_port

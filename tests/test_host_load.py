@@ -1,5 +1,5 @@
 """A measurement records what else the machine did, and one taken on a busy machine is refused
-(engine/host_load.py, bench/calibrate.py, issue 40). The busy machine here is a fake /proc
+(engine/platform/host_load.py, bench/calibrate.py, issue 40). The busy machine here is a fake /proc
 reader: the refusal must not depend on how busy the test machine happens to be."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import host_load
-from engine.host_load import ConditionMeter, CpuTimes
+from engine.platform import host_load
+from engine.platform.host_load import ConditionMeter, CpuTimes
 from engine.sim import calibration
 
 pytestmark = pytest.mark.unit
@@ -84,7 +84,7 @@ def _fake_measure(config, repeats: int = 3, meter: ConditionMeter | None = None)
     """bench.calibrate.measure on a fake machine: the step times the reference constants give for
     a few shapes (so the fit, handed those constants, is exact), timed inside the meter's windows."""
     from bench.calibrate import device
-    from engine.memory import MemoryPlan
+    from engine.core.memory import MemoryPlan
     from engine.sim.cost_model import CostModel, StepShape
     from engine.sim.deployment import Deployment
     from engine.sim.models import get_model

@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 
-from engine.huge_pages import HUGE_PAGE, zeros_on_huge_pages
+from engine.platform.huge_pages import HUGE_PAGE, zeros_on_huge_pages
 
 pytestmark = pytest.mark.unit
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import machine
 from engine.kernels import cpu_attention
 from engine.model import int8_linear
 from engine.model.int8_linear import int8_linear as run_int8
 from engine.model.int8_linear import quantize_weight
+from engine.platform import machine
 
 pytestmark = pytest.mark.unit
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.kv_handoff import caches_of, import_prompt, read_shared, write_shared
-from engine.llm_engine import LLMEngine
-from engine.sequence import Sequence
+from engine.core.kv_handoff import caches_of, import_prompt, read_shared, write_shared
+from engine.core.llm_engine import LLMEngine
+from engine.core.sequence import Sequence
 
 pytestmark = pytest.mark.integration
 

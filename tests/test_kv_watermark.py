@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.errors import InvalidParamError
-from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sim.__main__ import main
 from engine.sim.run import simulate
 from engine.sim.spec import SimSpec

@@ -177,8 +177,35 @@ def test_the_web_floor_reads_the_serving_contracts_without_torch() -> None:
 def test_the_checks_fail_on_a_cycle_and_an_upward_import() -> None:
     """The two checks above can fail: a cycle and an upward import added to the real graph are found."""
     edges = graph()
-    edges["engine.scheduler"] = edges["engine.scheduler"] | {"engine.llm_engine"}
-    edges["engine.llm_engine"] = edges["engine.llm_engine"] | {"engine.scheduler"}
+    edges["engine.core.scheduler"] = edges["engine.core.scheduler"] | {"engine.core.llm_engine"}
+    edges["engine.core.llm_engine"] = edges["engine.core.llm_engine"] | {"engine.core.scheduler"}
     edges["engine.serving.routing.router"] = edges["engine.serving.routing.router"] | {"web.live"}
-    assert any({"engine.llm_engine", "engine.scheduler"} <= set(c) for c in cycles(edges))
+    assert any({"engine.core.llm_engine", "engine.core.scheduler"} <= set(c) for c in cycles(edges))
     assert "engine.serving.routing.router (serving) -> web.live (web)" in upward(edges)
+
+
+# The engine floor's rooms (DESIGN.md's map): its root holds the tables every floor reads and the
+# entry points; everything else lives in a room (core, worker, sample, parallel, platform, model,
+# kernels), so a new module has to say where it belongs.
+ENGINE_TABLES = {"config", "levers", "catalog", "errors", "clock", "sampling_params"}
+ENGINE_ENTRY_POINTS = {"__init__", "__main__", "llm"}
+ENGINE_ROOMS = {"core", "worker", "sample", "parallel", "platform", "model", "kernels"}
+
+
+def test_the_engine_root_holds_its_tables_and_entry_points_and_the_rest_is_in_rooms() -> None:
+    engine = ROOT / "engine"
+    assert {p.stem for p in engine.glob("*.py")} == ENGINE_TABLES | ENGINE_ENTRY_POINTS
+    rooms = {p.name for p in engine.iterdir() if (p / "__init__.py").exists()}
+    assert rooms == ENGINE_ROOMS | {"serving", "sim", "lab", "launch"}  # the floors above and the servers
+
+
+def test_the_tables_import_only_each_other_and_the_platform_room_only_the_tables() -> None:
+    """The tables are read by every floor, the web process's included; the platform room (the CPU, the
+    devices, threads) is the bottom of the engine floor: both import nothing of the engine above them."""
+    edges = graph()
+    tables = {f"engine.{name}" for name in ENGINE_TABLES}
+    for name in sorted(tables):
+        assert edges.get(name, set()) <= tables, name
+    platform = {m for m in edges if m.startswith("engine.platform")}
+    for name in sorted(platform):
+        assert edges[name] <= tables | platform, f"{name} imports {sorted(edges[name] - tables - platform)}"

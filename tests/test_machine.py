@@ -1,4 +1,4 @@
-"""The capability probe (engine/machine.py): what it reads off this CPU, the tiers and their
+"""The capability probe (engine/platform/machine.py): what it reads off this CPU, the tiers and their
 override, and what `auto` chooses on each class of machine. No model is loaded here."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import cpu_features, machine
-from engine.machine import ARM_TIERS, X86_TIERS, CpuInfo
+from engine.platform import cpu_features, machine
+from engine.platform.machine import ARM_TIERS, X86_TIERS, CpuInfo
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from engine.clock import VirtualClock
-from engine.sequence import RequestTimes
+from engine.core.sequence import RequestTimes
 from engine.serving.replicas.messages import ReplicaStats, StepMessage, TokenDelta
 from engine.serving.telemetry.metrics import MetricsBus
 

@@ -1,4 +1,4 @@
-"""The pipeline's point-to-point programme (engine/p2p.py) in a worst-case rendezvous simulator:
+"""The pipeline's point-to-point programme (engine/parallel/p2p.py) in a worst-case rendezvous simulator:
 every rank's ops, as the runtime posts them, complete for every pipeline shape and every way the
 engine keeps batches in flight; and the old order (unbatched isend/irecv, one communicator per
 rank pair in both directions) deadlocks, as it would on NCCL once messages outgrow its buffers.
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.collectives import StageLink
-from engine.p2p import P2P, Event, fullest, group_ranks, programme, stage_input, stage_output
+from engine.parallel.collectives import StageLink
+from engine.parallel.p2p import P2P, Event, fullest, group_ranks, programme, stage_input, stage_output
 
 pytestmark = pytest.mark.unit
 

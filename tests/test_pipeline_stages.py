@@ -13,7 +13,7 @@ from engine.levers import LEVERS
 from engine.model.llama import Llama, LlamaConfig
 from engine.model.partition import stage_range
 from engine.model.sharding import check_split, keep_stage, shard_model
-from engine.stage_clock import StageClock
+from engine.parallel.stage_clock import StageClock
 
 pytestmark = pytest.mark.unit
 

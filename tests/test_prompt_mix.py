@@ -1,7 +1,7 @@
 """Prompts that share prefixes (engine/serving/load/prompt_mix.py): one system prompt at the head
 of a share of the requests, conversations that resend their history, the same draws for the live
 traffic, the simulated lab and the simulator's request lists, and the compact ids a what-if prompt
-keeps (engine/prompt_ids.py TokenRuns). No model: lengths, ids and hashes only."""
+keeps (engine/core/prompt_ids.py TokenRuns). No model: lengths, ids and hashes only."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import statistics
 
 import pytest
 
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
+from engine.core.prompt_ids import TokenRuns, checked_prompt_ids
+from engine.core.sequence import RequestTimes, Sequence
 from engine.errors import InvalidParamError
 from engine.lab.traffic import TrafficDriver
 from engine.levers import LEVERS
-from engine.prompt_ids import TokenRuns, checked_prompt_ids
 from engine.sampling_params import SamplingParams
-from engine.sequence import RequestTimes, Sequence
 from engine.serving.load.loadgen import VOCAB, draw_length
 from engine.serving.load.prompt_mix import (
     Conversations,

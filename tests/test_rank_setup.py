@@ -13,12 +13,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from engine import collectives
-from engine.collectives import AllReduceTimer, StageLink, join_group, rank_device
 from engine.config import EngineConfig
-from engine.p2p import P2P
-from engine.ranks import COLLECTIVE_TIMEOUT_S, NCCL_DUMP_WAIT_MS, NCCL_WATCHDOG_POLL_S, STEP_TIMEOUT_S, nccl_environment
-from engine.span_timer import SpanTimer
+from engine.parallel import collectives
+from engine.parallel.collectives import AllReduceTimer, StageLink, join_group, rank_device
+from engine.parallel.p2p import P2P
+from engine.parallel.ranks import (
+    COLLECTIVE_TIMEOUT_S,
+    NCCL_DUMP_WAIT_MS,
+    NCCL_WATCHDOG_POLL_S,
+    STEP_TIMEOUT_S,
+    nccl_environment,
+)
+from engine.parallel.span_timer import SpanTimer
 
 pytestmark = pytest.mark.unit
 

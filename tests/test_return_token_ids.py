@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from engine.core.sequence import FinishReason
 from engine.errors import ServingError
-from engine.sequence import FinishReason
 from engine.serving.replicas.messages import TokenDelta
 from web.openai_protocol import Choice, Reply, parse_request
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import RequestError
 from engine.serving.replicas.replica import ReplicaHandle

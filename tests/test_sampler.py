@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import machine
 from engine.kernels import cpu_attention, cpu_build
-from engine.sampler import CANDIDATES, Sampler, _filtered_draw, draw_torch, filter_rows
+from engine.platform import machine
+from engine.sample.sampler import CANDIDATES, Sampler, _filtered_draw, draw_torch, filter_rows
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.unit

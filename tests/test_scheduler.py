@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
-from engine.contiguous_allocator import ContiguousAllocator
+from engine.core.block_manager import BlockManager
+from engine.core.contiguous_allocator import ContiguousAllocator
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import SequenceStatus
+from engine.core.static_scheduler import StaticScheduler
 from engine.errors import InvalidParamError
-from engine.scheduler import Scheduler
-from engine.sequence import SequenceStatus
-from engine.static_scheduler import StaticScheduler
 from tests.support.scheduler_fakes import BS, fake_step, seq
 
 pytestmark = pytest.mark.unit

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.scheduler import Scheduler
+from engine.core.block_manager import BlockManager
+from engine.core.llm_engine import LLMEngine
+from engine.core.scheduler import Scheduler
 from engine.sim import constants as C
 from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.deployment import Deployment, SimConfigError
@@ -74,7 +74,7 @@ def test_kv_blocks_per_gpu_for_70b_tp8_bf16_come_from_the_memory_plan():
     plan = deployment("llama-3.1-70b", tp=8).plan_memory(config)
     weights = 70_552_387_584 * 2 // 8  # every weight, bf16, one eighth each
     # bf16 activations of the widest layer for 8192 tokens (this GPU's heads and FFN share),
-    # plus float32 logits twice over for 256 rows: engine/memory.py's formula.
+    # plus float32 logits twice over for 256 rows: engine/core/memory.py's formula.
     activations = 8192 * 2 * (3 * 8192 + (8 + 2 * 1) * 128 + 3 * 3584) + 2 * 256 * 128256 * 4
     reserve = 3.5 * 2**30 + 392 * 2**20
     budget = 0.90 * (80 * 2**30 - weights - activations - reserve)

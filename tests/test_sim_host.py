@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from engine.clock import VirtualClock
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.step_record import StepRecord
 from engine.sampling_params import SamplingParams
 from engine.sim import constants as C
 from engine.sim.compare import command_for, parse_experiment, spec_from_command
@@ -20,7 +21,6 @@ from engine.sim.host_profiles import PROFILES, VIDUR_A100, HostMode
 from engine.sim.models import get_model
 from engine.sim.run import SimSpec
 from engine.sim.runner import sim_executor, step_shape
-from engine.step_record import StepRecord
 
 pytestmark = pytest.mark.unit
 

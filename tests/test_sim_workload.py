@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
+from engine.core.prompt_ids import checked_prompt_ids
 from engine.errors import InvalidParamError
-from engine.prompt_ids import checked_prompt_ids
 from engine.sim.cost_model import CostModel, StepShape
 from engine.sim.deployment import Deployment
 from engine.sim.devices import get_device

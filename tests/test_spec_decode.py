@@ -11,10 +11,10 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import InvalidParamError
-from engine.sampler import target_probs
+from engine.sample.sampler import target_probs
+from engine.sample.spec_decode import propose
+from engine.sample.spec_verify import accept_greedy, accept_sampled
 from engine.sampling_params import SamplingParams
-from engine.spec_decode import propose
-from engine.spec_verify import accept_greedy, accept_sampled
 
 pytestmark = pytest.mark.unit
 

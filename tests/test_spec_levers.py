@@ -10,12 +10,12 @@ import pytest
 
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
 from engine.errors import InvalidParamError
 from engine.lab.live_limits import check_live
 from engine.lab.simulated.lab_check import check_sim
 from engine.lab.simulated.lab_sim import SimLab
 from engine.levers import LEVERS, validate_levers
-from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sim.deployment import Deployment, SimConfigError
 from engine.sim.devices import get_device

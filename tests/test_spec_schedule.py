@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
+from engine.core.block_manager import BlockManager
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import RequestTimes, Sequence, SequenceStatus
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import RequestTimes, Sequence, SequenceStatus
 
 pytestmark = pytest.mark.unit
 

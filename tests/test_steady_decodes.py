@@ -1,4 +1,4 @@
-"""Steady decodes (engine/steady_decodes.py) run a what-if replica's decodes as counts: every figure
+"""Steady decodes (engine/core/steady_decodes.py) run a what-if replica's decodes as counts: every figure
 of a run must be the one the step-by-step loops give. Whole simulations run both ways, their
 results compared whole, on the paths the shortcut must fall back or hand over on: over capacity
 (prompt chunks fill the budget every step), preemption, reserve admission and the watermark,
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from engine.core.sequence import RequestTimes, Sequence
+from engine.core.steady_decodes import SteadyDecodes
 from engine.sampling_params import SamplingParams
-from engine.sequence import RequestTimes, Sequence
 from engine.sim import assembly
 from engine.sim.run import SimSpec, simulate
-from engine.steady_decodes import SteadyDecodes
 
 pytestmark = pytest.mark.unit
 

@@ -13,8 +13,8 @@ import pytest
 
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
 from engine.lab.live.lab import LiveLab
-from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.load.loadgen import HttpTarget, arrival_times, make_requests, run_load
 from engine.serving.replicas.messages import StepMessage

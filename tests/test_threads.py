@@ -1,4 +1,4 @@
-"""The thread governor (engine/threads.py): threads follow the cores other processes leave, with
+"""The thread governor (engine/platform/threads.py): threads follow the cores other processes leave, with
 hysteresis; its /proc reading sees a real busy process on this machine's cores."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from engine import machine
-from engine.threads import CoreWatch, ThreadGovernor
+from engine.platform import machine
+from engine.platform.threads import CoreWatch, ThreadGovernor
 
 pytestmark = pytest.mark.integration
 

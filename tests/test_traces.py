@@ -1,4 +1,4 @@
-"""Request traces (engine/serving/telemetry/traces.py) and step records (engine/step_record.py): the real
+"""Request traces (engine/serving/telemetry/traces.py) and step records (engine/core/step_record.py): the real
 Fleet, Router, Scheduler and BlockManager on a VirtualClock (simulated replicas), and one real
 engine step of the live model."""
 
@@ -10,7 +10,8 @@ import pytest
 
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.step_record import StepRecord
 from engine.sampling_params import SamplingParams
 from engine.serving.routing.router import AdmissionError, RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
@@ -19,7 +20,6 @@ from engine.sim.loop import EventLoop
 from engine.sim.replica import SimReplica
 from engine.sim.run import SimSpec
 from engine.sim.runner import sim_executor
-from engine.step_record import StepRecord
 
 pytestmark = pytest.mark.integration
 
@@ -208,7 +208,7 @@ def test_a_real_engine_step_makes_a_record(llm_fp32: Any) -> None:
 
 
 def test_the_step_ring_keeps_only_the_newest() -> None:
-    from engine.step_record import StepRing
+    from engine.core.step_record import StepRing
 
     ring = StepRing(size=3)
     for i in range(5):
@@ -219,10 +219,10 @@ def test_the_step_ring_keeps_only_the_newest() -> None:
 def test_a_handed_off_request_shows_its_handoff_then_decodes_on_the_other_replica() -> None:
     """A prefill/decode split (engine/serving/disagg/): the prefill replica's last delta carries
     the KV; the decode replica's first step lands it (its step entry's phase is handoff)."""
-    from engine.kv_segment import SharedKV
-    from engine.sequence import RequestTimes
+    from engine.core.kv_segment import SharedKV
+    from engine.core.sequence import RequestTimes
+    from engine.core.step_record import StepEntry
     from engine.serving.replicas.messages import StepMessage, TokenDelta
-    from engine.step_record import StepEntry
 
     clock = VirtualClock(10.0)
     traces = RequestTraces(clock)

@@ -167,7 +167,7 @@ def test_engine_on_triton_kernels_matches_hf(hf_reference: dict[str, Any]) -> No
 
 def test_warm_up_runs_each_split_k_variant_once_and_writes_nothing() -> None:
     """Serving never waits for Triton's compiler: every split count's power of two (the merge's
-    SPLITS_PAD), no split, and a batch of one apart, run at warm-up (engine/warm_up.py)."""
+    SPLITS_PAD), no split, and a batch of one apart, run at warm-up (engine/worker/warm_up.py)."""
     k_cache = empty_cache(64, 16, 1, 64, torch.float32, True).zero_()
     v_cache = empty_cache(64, 16, 1, 64, torch.float32, True).zero_()
     before = k_cache.clone()

@@ -15,12 +15,12 @@ from flask import Flask, request
 
 from engine.clock import VirtualClock
 from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.step_record import DECODE, HANDOFF, PREFILL, StepEntry, StepRecord
 from engine.errors import InvalidParamError, ServingError
-from engine.executor import Runner
 from engine.lab.facade import RankHangAction
 from engine.lab.live.lab_clients import STREAM_ENDED_EARLY, Attempt, AttemptOutcome, ClientCounts, _ending
 from engine.lab.live.rank_hang import RankHang
-from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.serving.load.loadgen_metrics import RequestRecord, RequestStatus, summarize
 from engine.serving.replicas.messages import StepMessage
@@ -30,7 +30,7 @@ from engine.sim.deployment import Deployment
 from engine.sim.devices import get_device
 from engine.sim.models import get_model
 from engine.sim.runner import CostModelRunner, sim_executor
-from engine.step_record import DECODE, HANDOFF, PREFILL, StepEntry, StepRecord
+from engine.worker.executor import Runner
 from web.classroom import ClassRegistry
 from web.classroom_state import (
     ClassFloodAction,
@@ -238,7 +238,7 @@ def test_a_question_carries_its_kind_and_phase_as_words() -> None:
     assert view["kind"] == "poll" and view["phase"] == "revealed" and view["correct"] == 0
 
 
-# a step's phases on the request traces (engine/step_record.py's Phase) -------------------------
+# a step's phases on the request traces (engine/core/step_record.py's Phase) -------------------------
 
 
 def test_trace_rows_follow_each_step_phase() -> None:

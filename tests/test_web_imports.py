@@ -3,7 +3,7 @@
 `import app`, the web floor, the what-if panels and the remote lab load neither torch nor the lab
 they do not run: app.py imports the live lab (its fleet of replica processes) and the remote lab
 where it builds them, the simulator plans with torch-free pieces (engine/model/llama_config.py,
-engine/memory.py's plan, engine/ranks.py), and the remote lab's poller reads its rate from the
+engine/core/memory.py's plan, engine/parallel/ranks.py), and the remote lab's poller reads its rate from the
 snapshot. Each check runs in a fresh interpreter, since this one has loaded torch long ago; an
 import hook there names the chain of modules that first pulled torch in, should one do so."""
 
@@ -91,6 +91,6 @@ def test_a_what_if_run_loads_no_torch() -> None:
 
 def test_the_probe_sees_torch_when_it_is_imported() -> None:
     """The check can fail: a module that loads torch is caught, and its chain named."""
-    found = probe("import engine.llm_engine, engine.memory\nengine.memory.copy_bandwidth_gbs(num_bytes=4096, repeats=1)")
+    found = probe("import engine.core.llm_engine, engine.core.memory\nengine.core.memory.copy_bandwidth_gbs(num_bytes=4096, repeats=1)")
     assert found["torch"]
-    assert found["chain"].startswith("engine.memory.copy_bandwidth_gbs() <- __main__"), found["chain"]
+    assert found["chain"].startswith("engine.core.memory.copy_bandwidth_gbs() <- __main__"), found["chain"]

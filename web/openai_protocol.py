@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.core.sequence import FinishReason, RequestTimes, TokenLogprobs
 from engine.model.tokenizer import ChatTokenizer
-from engine.sequence import FinishReason, RequestTimes, TokenLogprobs
 from engine.serving.replicas.messages import TokenDelta
 from web.openai_request import ParsedRequest, RequestKind, parse_request
 

@@ -29,7 +29,7 @@ def run(ctx: PhaseContext) -> None:
     import transformers
     import triton
 
-    from engine import machine
+    from engine.platform import machine
 
     ctx.figure("python", sys.version.split()[0], key=True)
     ctx.figure("torch", torch.__version__, key=True)

@@ -1,8 +1,8 @@
-"""Phase 03: the engine's memory plan (engine/memory.py MemoryPlan, LLMEngine.memory) against what
-torch's CUDA allocator holds: after the load, after the warm-up (engine/warm_up.py) and at the
+"""Phase 03: the engine's memory plan (engine/core/memory.py MemoryPlan, LLMEngine.memory) against what
+torch's CUDA allocator holds: after the load, after the warm-up (engine/worker/warm_up.py) and at the
 peak of a full step (max_num_seqs prompts filling max_batched_tokens), for SmolLM2-135M's shape
 and one Llama-3.1-8B layer, in bf16, with the engine's default KV sizing (the whole card by
-gpu_memory_utilization: engine/gpu_memory.py).
+gpu_memory_utilization: engine/worker/gpu_memory.py).
 
 On every device: the KV cache the runner allocated is exactly the plan's blocks, and the weights
 are what the plan counted. On a GPU: the widest step's activations fit what the plan set aside,
@@ -47,7 +47,7 @@ def full_step(shape: ModelShape, llm: Any) -> list[list[int]]:
 
 
 def measure(ctx: PhaseContext, shape: ModelShape, tag: str) -> None:
-    from engine.warm_up import warm_up
+    from engine.worker.warm_up import warm_up
 
     folder, info = ensure_model(shape, ctx.tmp)
     ctx.figure(f"{tag}/params", info["params"])
@@ -71,10 +71,10 @@ def measure(ctx: PhaseContext, shape: ModelShape, tag: str) -> None:
     ctx.figure(f"{tag}/plan", {k: getattr(plan, k) for k in plan.__dataclass_fields__} | {"describe": plan.describe()})
     caches = getattr(engine.runner, "kv_caches", None)
     if caches is None:
-        raise RuntimeError("engine.runner has no kv_caches: this check reads the KV cache's tensors there")
+        raise RuntimeError("engine.worker.runner has no kv_caches: this check reads the KV cache's tensors there")
     kv = storage_bytes([t for pair in caches for t in pair])
     weights = weight_bytes(engine.model)
-    # CUDA graphs' padding rows write one scratch block past the plan's (engine/cuda_graphs.py)
+    # CUDA graphs' padding rows write one scratch block past the plan's (engine/worker/cuda_graphs.py)
     blocks = plan.num_blocks + (getattr(engine.runner, "scratch_block", None) is not None)
     ctx.check(f"{tag}/kv_cache_is_the_plan", kv == blocks * plan.bytes_per_block,
               f"allocated {kv} B, plan {plan.num_blocks} blocks (+ scratch: {blocks}) x {plan.bytes_per_block} B")  # fmt: skip

@@ -1,9 +1,9 @@
 """Phase 04: the decode step against the HBM roofline. A decode step must read every weight once
 and each sequence's KV so far: those bytes over the device-to-device copy bandwidth measured here
-(engine/memory.py copy_bandwidth_gbs) is the fastest the step can be. Figures: the median decode
+(engine/core/memory.py copy_bandwidth_gbs) is the fastest the step can be. Figures: the median decode
 step at batch 1 and a larger batch, for SmolLM2-135M's shape and one Llama-3.1-8B layer (bf16),
 the fraction of the roofline each reaches, the first decode step of a cold engine against the
-later ones, and the same after engine/warm_up.py; where EngineConfig has cuda_graphs, eager
+later ones, and the same after engine/worker/warm_up.py; where EngineConfig has cuda_graphs, eager
 against graphs: the same tokens, and the step-time ratio.
 
 Timings are one card's, one run's: figures, not pass/fail, except what can only be a bug (no
@@ -71,8 +71,8 @@ def record_run(ctx: PhaseContext, tag: str, llm: Any, t: dict[str, Any], bandwid
 
 
 def run(ctx: PhaseContext) -> None:
-    from engine.memory import copy_bandwidth_gbs
-    from engine.warm_up import warm_up
+    from engine.core.memory import copy_bandwidth_gbs
+    from engine.worker.warm_up import warm_up
 
     sizes = DRY_SIZES if ctx.dry_run else GPU_SIZES
     dtype = "float32" if ctx.dry_run else "bfloat16"  # bf16 on a CPU without it would time emulation

@@ -140,7 +140,7 @@ def hf_config(shape: ModelShape) -> dict[str, Any]:
 
 def write_tokenizer(folder: Path, vocab: int) -> None:
     """A stand-in tokenizer.json (token i is the word "<i>"): the engine's loader requires one in an
-    HF folder (engine/live_executor.py loads it unconditionally), and the prompts here are token
+    HF folder (engine/worker/live_executor.py loads it unconditionally), and the prompts here are token
     ids, so only decoding the outputs to text ever uses it."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 

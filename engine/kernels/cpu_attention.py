@@ -8,7 +8,7 @@ The library is built by `make kernels` (engine/kernels/cpu_build.py), never here
 there, or SERVELAB_CPU_KERNELS=0, available() is False and the dispatcher runs the torch path.
 
 Which routines the op runs (scalar, AVX2, AVX-512, AMX; ARM64: scalar) follows the process's CPU
-tier, engine.machine.cpu().tier, which the op probes itself (csrc/cpu_isa.h) under the same
+tier, engine.platform.machine.cpu().tier, which the op probes itself (csrc/cpu_isa.h) under the same
 SERVELAB_CPU_ISA cap; an `isa` argument caps one call further (tests, benches).
 """
 
@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from engine import machine
+from engine.platform import machine
 
 # Query chunks of at least this many tokens leave the op's own loops for a GEMM path: AMX tiles
 # (prefill_amx.cpp) on a CPU that has them, bf16, from AMX_FROM tokens; else torch's CPU flash
@@ -72,7 +72,7 @@ def _register_fakes() -> None:
 
 
 def cpu_isa() -> str:
-    """The tier the op runs at in this process, as it probed it (engine.machine.cpu().tier's name)."""
+    """The tier the op runs at in this process, as it probed it (engine.platform.machine.cpu().tier's name)."""
     return str(torch.ops.servelab.cpu_isa())
 
 

@@ -14,7 +14,7 @@ from engine.errors import InvalidParamError
 from engine.lab.envelope import Envelope
 from engine.lab.flood import FloodState
 from engine.lab.remote.remote_metrics import RemoteSnapshot
-from engine.machine import EnginePlan
+from engine.platform.machine import EnginePlan
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.snapshot import FleetSnapshot
 from engine.serving.telemetry.traces import RequestTraces

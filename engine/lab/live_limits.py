@@ -9,7 +9,7 @@ from typing import Any
 from engine.errors import InvalidParamError
 from engine.lab.flood import FloodLimits
 from engine.lab.replica_bounds import devices_per_replica
-from engine.machine import device_kind, usable_cores, visible_gpus
+from engine.platform.machine import device_kind, usable_cores, visible_gpus
 
 LIVE_MODEL = "smollm2-135m"
 FLOOD_MAX_RATE = 200.0

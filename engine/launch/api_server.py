@@ -16,11 +16,11 @@ from typing import Any
 
 from werkzeug.serving import WSGIRequestHandler, make_server
 
-from engine import machine
 from engine.config import EngineConfig
 from engine.errors import InvalidParamError
 from engine.lab.proxy import VIA
-from engine.machine import MachineError
+from engine.platform import machine
+from engine.platform.machine import MachineError
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import RouterConfig, api_keys_from_env
 from engine.serving.scaling.fleet import Fleet, FleetConfig

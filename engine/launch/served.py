@@ -7,7 +7,7 @@ stay eager for LLM() in scripts and tests.
   A compile in a thread beside an engine already serving was tried and not taken: at nice 19
   beside steady traffic it had not finished in 10 minutes, and at full priority the tracer
   (Python, holding the GIL) would take a core and the GIL from the step loop.
-- The CPU KV cache on 2 MiB pages (engine/huge_pages.py).
+- The CPU KV cache on 2 MiB pages (engine/platform/huge_pages.py).
 - tcmalloc preloaded into the replica processes where the library is installed (vLLM's CPU guide
   asks the same; `make run` installs it where it can).
 

@@ -5,7 +5,7 @@ the engine the learner drives. Nice 19 and SCHED_IDLE were not enough: beside th
 the live engine served 8.0 tok/s against 160.5 alone, on 2 cores (issue 40). So the
 measurement runs in its own process group, and a watcher stops the whole group (SIGSTOP) the
 moment the live fleet has a request, and continues it (SIGCONT) once the fleet has had none for
-RESUME_AFTER_S. The measurement counts the SIGCONTs (engine/host_load.py) and drops the timings
+RESUME_AFTER_S. The measurement counts the SIGCONTs (engine/platform/host_load.py) and drops the timings
 a pause fell inside. A run that ends with REFUSED_EXIT (measured on a busy machine, not kept) is
 tried again RETRY_S later, at most TRIES times in all, and then said once and left. The watcher
 reaps the process; stop() ends it with the server.

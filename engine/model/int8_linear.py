@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import machine
+from engine.platform import machine
 
 QUANTIZATIONS = ("none", "int8")
 # oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) under which it has no VNNI instruction.

@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import machine
 from engine.kernels import Impl, cpu_attention, paged_attention_decode, pick_impl, prefill_attention, store_kv
 from engine.model.int8_linear import Int8Weight, int8_linear
 from engine.model.llama_config import LlamaConfig  # re-exported: the model's shape, torch-free
+from engine.platform import machine
 
 
 @dataclass
@@ -94,7 +94,7 @@ class Llama(nn.Module):
         self.packed_lm_head: torch.Tensor | None = None
         # The one switch between kernels: None picks by device (Triton on CUDA, torch on CPU).
         self.attention_impl: Impl | None = None
-        # Tensor parallelism (engine/distributed.py): sums the row-parallel o/down outputs over ranks.
+        # Tensor parallelism (engine/parallel/distributed.py): sums the row-parallel o/down outputs over ranks.
         self.all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
         # forward_varlen through Inductor (engine/model/compile.py), when the engine compiles.
         self.compiled_forward: Callable[..., torch.Tensor] | None = None
@@ -108,7 +108,7 @@ class Llama(nn.Module):
     def prepack(self) -> bool:
         """On an x86-64 CPU: keep each matmul weight also in oneDNN's blocked layout, which ran
         decode matmuls 1.2-1.6x faster in bf16 with bit-identical results and 1.3-3x in fp32,
-        where oneDNN runs the dtype on this CPU (engine/machine.py's linear_path: bf16 needs
+        where oneDNN runs the dtype on this CPU (engine/platform/machine.py's linear_path: bf16 needs
         AVX-512 or AVX-NE-CONVERT; else F.linear, slower but correct). Returns whether it packed."""
         weight = self.embed
         dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(weight.dtype, "")

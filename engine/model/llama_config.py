@@ -1,5 +1,5 @@
 """LlamaConfig: a Llama's shape, and reading it from a GGUF file's metadata or an HF folder's
-config.json, free of torch: the KV plan (engine/memory.py), the simulator's model specs
+config.json, free of torch: the KV plan (engine/core/memory.py), the simulator's model specs
 (engine/sim/models.py) and a sharded replica's split check read it without loading the model.
 engine/model/llama.py and engine/model/loader.py re-export these."""
 

@@ -2,7 +2,7 @@
 which layers a pipeline stage keeps.
 
 Q/K/V and gate/up split by output rows (column-parallel), o and down by input columns
-(row-parallel, summed by an all-reduce in engine/distributed.py). Heads split by KV group, as
+(row-parallel, summed by an all-reduce in engine/parallel/distributed.py). Heads split by KV group, as
 evenly as they go (SmolLM2-135M's 3 groups split 2 + 1 for two ranks); the embedding and the
 tied LM head stay whole on every rank.
 

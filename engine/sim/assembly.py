@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
+from engine.core.steady_decodes import SteadyDecodes
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import RouterConfig
 from engine.serving.scaling.fleet import Fleet, FleetConfig
@@ -23,7 +24,6 @@ from engine.sim.loop import EventLoop
 from engine.sim.pipelined_replica import PipelinedSimReplica
 from engine.sim.replica import Finished, SimReplica
 from engine.sim.runner import SIM_TOKEN, sim_executor
-from engine.steady_decodes import SteadyDecodes
 
 
 def kv_transfer_s(dep: Deployment, gpus: int) -> Callable[[int], float]:
@@ -35,7 +35,7 @@ def kv_transfer_s(dep: Deployment, gpus: int) -> Callable[[int], float]:
     return lambda tokens: tokens * per_token / link
 
 
-# Steady decodes as counts (engine/steady_decodes.py): a switch for tests that compare both ways.
+# Steady decodes as counts (engine/core/steady_decodes.py): a switch for tests that compare both ways.
 STEADY_DECODES = True
 
 

@@ -26,14 +26,14 @@ REFERENCE = Path(__file__).with_name("cpu_calibration.json")
 CALIBRATION_DIR = Path(os.environ.get("SERVELAB_CALIBRATION_DIR") or ROOT / ".cache" / "calibration")
 # What a step's time depends on besides its shape: the model, the kernels, the runner and the
 # scheduler that shapes the batch. A change to any of them makes an earlier fit stale.
-STEP_CODE = ("engine/model", "engine/kernels", "engine/runner.py", "engine/scheduler.py", "engine/sampler.py",
-             "engine/block_manager.py", "engine/llm_engine.py", "engine/memory.py")  # fmt: skip
+STEP_CODE = ("engine/model", "engine/kernels", "engine/worker/runner.py", "engine/core/scheduler.py", "engine/sample/sampler.py",
+             "engine/core/block_manager.py", "engine/core/llm_engine.py", "engine/core/memory.py")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class MachineKey:
     cpu: str  # the CPU's name as the OS gives it
-    hardware_tier: str  # what the CPU has (engine/machine.py tiers)
+    hardware_tier: str  # what the CPU has (engine/platform/machine.py tiers)
     tier: str  # what the engine uses (SERVELAB_CPU_ISA may cap it)
     dtype: str  # the dtype the engine resolves "auto" (or the asked one) to here
     threads: int
@@ -66,7 +66,7 @@ def code_hash(root: Path = ROOT) -> str:
 
 
 def this_machine(dtype: str = "auto", threads: int | None = None) -> MachineKey:
-    from engine import machine
+    from engine.platform import machine
 
     info = machine.cpu()
     resolved, _ = machine.resolve_dtype(dtype, "cpu", info)
@@ -149,7 +149,7 @@ def refusal_path(key: MachineKey, directory: Path | None = None) -> Path:
 
 def write_refusal(result: dict[str, Any], reason: str, key: MachineKey, directory: Path | None = None) -> Path:
     """A fit measured on a busy machine, kept apart from the fits with why it was refused
-    (engine/host_load.py): the predict badge says the machine is waiting to be quiet."""
+    (engine/platform/host_load.py): the predict badge says the machine is waiting to be quiet."""
     path = refusal_path(key, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"machine": asdict(key), "reason": reason, **result}, indent=2) + "\n")

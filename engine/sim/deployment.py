@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.memory import MemoryPlan, activation_bytes, plan_budget
+from engine.core.memory import MemoryPlan, activation_bytes, plan_budget
 from engine.model.llama_config import LlamaConfig
 from engine.model.partition import stage_layers
 from engine.sim import constants as C

@@ -96,7 +96,7 @@ def _cpu() -> Device | None:
         sample_overhead_s=fit["sample_overhead_s"], token_overhead_s=fit.get("token_overhead_s", 0.0),
         front_token_s=front.get("cpu_per_token_s", 0.0), front_latency_s=front.get("latency_s", 0.0),
         gemm_overlaps_memory=fit.get("gemm_overlaps_memory", True), runtime_reserve_bytes=0, gpus_per_node=1,
-        # The live CPU engine's own plan: its whole cap, float32 activations (engine/memory.py).
+        # The live CPU engine's own plan: its whole cap, float32 activations (engine/core/memory.py).
         kv_free_fraction=1.0, activation_bytes=4,
     )
 

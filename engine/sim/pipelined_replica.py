@@ -13,11 +13,11 @@ while the others work, the bubble the lesson shows.
 
 from __future__ import annotations
 
-from engine.scheduler import SchedulerOutput
+from engine.core.scheduler import SchedulerOutput
+from engine.parallel.stage_clock import StageClock
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.sim.cost_model import StepCost
 from engine.sim.replica import LIVE, SimReplica
-from engine.stage_clock import StageClock
 
 
 class PipelinedSimReplica(SimReplica):

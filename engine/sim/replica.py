@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from engine.core.llm_engine import LLMEngine
+from engine.core.scheduler import SchedulerOutput
+from engine.core.sequence import FinishReason, Sequence
 from engine.errors import InvalidParamError
-from engine.llm_engine import LLMEngine
-from engine.scheduler import SchedulerOutput
-from engine.sequence import FinishReason, Sequence
 from engine.serving.replicas.messages import AddRequest, RequestError, StepMessage, TokenDelta, expired_error
 from engine.serving.replicas.replica_api import ENDED, ReplicaState, ReplicaStats
 from engine.sim.loop import EventLoop

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.sequence import FinishReason, Sequence
+from engine.core.sequence import FinishReason, Sequence
 from engine.serving.replicas.messages import RequestError
 from engine.sim.loop import EventLoop
 from engine.sim.pipelined_replica import PipelinedSimReplica

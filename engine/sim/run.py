@@ -10,7 +10,7 @@ import queue
 from typing import Any
 
 from engine.clock import stopwatch
-from engine.sequence import FinishReason
+from engine.core.sequence import FinishReason
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, Router, RouterConfig
 from engine.serving.telemetry.events import EventLog

@@ -10,11 +10,11 @@ import random
 from collections.abc import Callable
 
 from engine.config import EngineConfig
-from engine.executor import Executor
-from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence
+from engine.core.scheduler import SchedulerOutput
+from engine.core.sequence import Sequence
 from engine.sim.cost_model import ZERO_COST, CostModel, StepCost, StepShape, summed
 from engine.sim.deployment import Deployment
+from engine.worker.executor import Executor
 
 # The token every simulated step emits: an ordinary id (the load generator's range), never EOS,
 # so lengths are the requests' max_tokens as in `vllm bench serve --ignore-eos`.
@@ -53,7 +53,7 @@ def step_shape(
                 continue
         if done + n == len(seq.prompt_token_ids) + len(seq.output_token_ids):  # seq.num_tokens, inlined
             tokens[seq.request_id] = SIM_TOKEN
-    steady = batch.steady  # steady decodes: a token each, counted (engine/steady_decodes.py)
+    steady = batch.steady  # steady decodes: a token each, counted (engine/core/steady_decodes.py)
     num_decodes += steady
     num_tokens, decode_ctx = sum(counts) + steady, decode_ctx + batch.steady_context + num_decodes
     shape = StepShape(

@@ -9,9 +9,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.prompt_ids import TokenRuns
+from engine.core.prompt_ids import TokenRuns
+from engine.core.sequence import Sequence as EngineSequence
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence as EngineSequence
 from engine.serving.load.loadgen import arrival_times, draw_length
 from engine.serving.load.prompt_mix import Conversations, OpenTurns, PromptMix, compact_system_ids, next_turn, pick_turn
 
@@ -29,7 +29,7 @@ class SimRequest:
         dataset): a run of ids from a per-request start. The cost model reads lengths only, so the
         ids need no RNG draws. The run is a range: 48 bytes however long, where a list is 8 KB of
         pointers a prompt, and an over-capacity run queues 70,000 of them (the engine keeps it a
-        range: engine/prompt_ids.py)."""
+        range: engine/core/prompt_ids.py)."""
         n = self.prompt_len - self.system_len
         start = 100 + (int(self.request_id) * 7919) % max(1, vocab - n - 200)
         return range(start, start + n)

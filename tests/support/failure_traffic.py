@@ -10,8 +10,8 @@ import time
 import zlib
 from dataclasses import dataclass
 
+from engine.core.sequence import RequestTimes
 from engine.sampling_params import SamplingParams
-from engine.sequence import RequestTimes
 from engine.serving.replicas.messages import RequestError, TokenDelta
 from engine.serving.replicas.replica_process import replica_pids
 from engine.serving.routing.router import AdmissionError

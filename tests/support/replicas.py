@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.distributed import process_state
+from engine.parallel.distributed import process_state
 from engine.sampling_params import SamplingParams
 from engine.serving.replicas.messages import AddRequest, RequestError, TokenDelta
 from engine.serving.replicas.replica import ReplicaHandle

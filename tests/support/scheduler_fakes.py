@@ -4,9 +4,9 @@ step appends a token to every sequence that caught up, as the runner would."""
 from __future__ import annotations
 
 from engine.clock import VirtualClock
+from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.core.sequence import RequestTimes, Sequence
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import RequestTimes, Sequence
 
 BS = 4
 

@@ -21,7 +21,7 @@ def kv_budget_mb(bf16_mb: int) -> str:
     """A --kv-budget-mb that holds the same number of KV tokens on every CPU: dtype auto keeps the
     cache in bf16 where the CPU has native bf16, in fp32 (twice the bytes a token) where it has not
     (an AVX2 CPU: 64 MB there holds 1,456 tokens, not 2,912)."""
-    from engine import machine
+    from engine.platform import machine
 
     return str(bf16_mb if machine.cpu().native_bf16 else 2 * bf16_mb)
 

@@ -1,4 +1,4 @@
-// The op's one capability probe (cpu_isa.h), kept in step with engine/machine.py's tiers.
+// The op's one capability probe (cpu_isa.h), kept in step with engine/platform/machine.py's tiers.
 
 #include "cpu_isa.h"
 
@@ -46,7 +46,7 @@ int detect() {
     return kAvx2;
   if (!__builtin_cpu_supports("avx512bf16")) return kAvx512;
   // AMX from CPUID itself (leaf 7: EDX bit 24 tiles, bit 22 bf16), and the OS's XCR0 bits 17-18
-  // for the tile state, as engine/machine.py reads them.
+  // for the tile state, as engine/platform/machine.py reads them.
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 22))) return kAvx512Bf16;
   uint32_t xcr0_lo = 0, xcr0_hi = 0;

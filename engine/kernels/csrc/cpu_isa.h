@@ -1,4 +1,4 @@
-// Which of the op's routine families this process may run: the CPU's tier, as engine/machine.py
+// Which of the op's routine families this process may run: the CPU's tier, as engine/platform/machine.py
 // names and orders them, capped by SERVELAB_CPU_ISA (so tests and benchmarks on a big CPU run
 // exactly what a smaller one would). Every runtime choice of routines in the op reads it.
 #pragma once
@@ -7,7 +7,7 @@
 
 namespace servelab {
 
-// A tier is its index in engine/machine.py's X86_TIERS or ARM_TIERS (each ISA has the lower ones).
+// A tier is its index in engine/platform/machine.py's X86_TIERS or ARM_TIERS (each ISA has the lower ones).
 enum Isa : int {
   kScalar = 0,
   kAvx2 = 1,        // AVX2, FMA, F16C
@@ -22,13 +22,13 @@ enum Isa : int {
 int hardware_isa();
 
 // The hardware's tier capped by SERVELAB_CPU_ISA; a cap above the hardware is the hardware's.
-// An unknown name raises (engine/machine.py refuses it before the op loads).
+// An unknown name raises (engine/platform/machine.py refuses it before the op loads).
 int cpu_isa();
 
 // The tier an op call runs: cpu_isa(), or below it when the caller caps it (requested >= 0).
 int isa_cap(int64_t requested);
 
-// The tier's name in engine/machine.py ("avx2", "neon", ...).
+// The tier's name in engine/platform/machine.py ("avx2", "neon", ...).
 const char* isa_name(int isa);
 
 }  // namespace servelab

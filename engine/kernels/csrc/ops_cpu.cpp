@@ -157,7 +157,7 @@ TORCH_LIBRARY(servelab, m) {
       "Tensor seq_lens, Tensor query_start_loc, float scale, int split_tokens=0, int isa=-1, int sdpa_from=64, "
       "bool amx=True) -> ()");
   m.def("store_kv(Tensor k, Tensor v, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping) -> ()");
-  m.def("cpu_isa", &cpu_isa);  // the tier's name, as engine.machine.cpu().tier
+  m.def("cpu_isa", &cpu_isa);  // the tier's name, as engine.platform.machine.cpu().tier
   m.def("has_amx", &servelab::amx_available);
   m.def("linear_prepacked(Tensor x, Tensor packed, int out_features) -> Tensor");
   m.def("linear_int8(Tensor x, Tensor packed, Tensor w_scale, Tensor w_zero_point, int out_features) -> Tensor");

@@ -50,7 +50,7 @@ from engine.lab.simulated.lab_check import check_sim, model_label
 from engine.lab.simulated.lab_sim import SimLab
 from engine.lab.traffic import TrafficDriver
 from engine.levers import LEVERS, validate_levers
-from engine.machine import device_kind
+from engine.platform.machine import device_kind
 from engine.serving.load.text_prompts import TextPrompts
 from engine.serving.replicas.replica_api import SERVING
 from engine.serving.routing.defences import Defences

@@ -2,7 +2,7 @@
 one non-zero rank of a ready tensor-parallel replica of the live fleet, and SIGCONT it again.
 
 What follows depends on the replica's defence lever `collective_timeout` (an EngineConfig field,
-so the group's own, engine/distributed.py): on, rank 0's all-reduce times out (or the step
+so the group's own, engine/parallel/distributed.py): on, rank 0's all-reduce times out (or the step
 watchdog fires first), the group fails loudly (every rank SIGKILLed, the stopped one too), and
 the autoscaler orders a fresh one; off, rank 0 waits inside the all-reduce while its heartbeats
 still say ready, and tokens/s falls to 0 until the rank is resumed. Either shows only while a
@@ -20,7 +20,7 @@ from typing import Any
 
 from engine.errors import ServingError
 from engine.lab.facade import RankHangAction, RankHangAnswer
-from engine.ranks import COLLECTIVE_TIMEOUT_S, STEP_TIMEOUT_S
+from engine.parallel.ranks import COLLECTIVE_TIMEOUT_S, STEP_TIMEOUT_S
 from engine.serving.replicas.replica_api import ReplicaState
 from engine.serving.telemetry.events import EventLog
 

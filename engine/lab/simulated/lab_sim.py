@@ -27,6 +27,7 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
+from engine.core.sequence import FinishReason
 from engine.lab.envelope import Facts
 from engine.lab.facade import Executor, SimState
 from engine.lab.lever_routes import Route, by_route
@@ -36,7 +37,6 @@ from engine.lab.simulated.lab_check import BADGE_LEVERS, badge, check_sim, fits
 from engine.lab.simulated.pools import merge_pools
 from engine.lab.traffic import Ramp, ramp_after
 from engine.sampling_params import SamplingParams
-from engine.sequence import FinishReason
 from engine.serving.driver import WallClockDriver
 from engine.serving.load.loadgen import arrival_gap, draw_length
 from engine.serving.load.prompt_mix import Conversations, OpenTurns, PromptMix, compact_system_ids, next_turn

@@ -1,6 +1,6 @@
 """A prefill/decode split's decode replicas (DistServe, Splitwise; vLLM's and SGLang's P/D): the
 router sends each request to a prefill replica, which makes its first token and hands the prompt's
-KV blocks off (engine/kv_handoff.py); this pool gives each handoff to a decode replica, which
+KV blocks off (engine/core/kv_handoff.py); this pool gives each handoff to a decode replica, which
 decodes the rest into the same event queue. Prompts then never share a step with running
 streams, so a long prompt no longer stalls them.
 

@@ -1,6 +1,6 @@
 """Traffic whose prompts share prefixes, as a real service's do: one system prompt at the head of
 many requests, and conversations whose every turn resends the whole history. Both make blocks
-that the prefix cache can serve (engine/block_manager.py) and that prefix-aware routing can aim at
+that the prefix cache can serve (engine/core/block_manager.py) and that prefix-aware routing can aim at
 (engine/serving/routing/router.py); random prompts alone never share a block.
 
 The logic is here once, for the live lab's traffic (engine/lab/traffic.py, ids as lists sent to a
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from engine.prompt_ids import TokenRuns
-from engine.sequence import FinishReason
-from engine.sequence import Sequence as EngineSequence
+from engine.core.prompt_ids import TokenRuns
+from engine.core.sequence import FinishReason
+from engine.core.sequence import Sequence as EngineSequence
 
 VOCAB = (100, 49000)  # the model's ordinary token ids: no specials, so no tokenizer is needed
 SPREAD = 0.5  # the lab's traffic draws lengths within +-50% of the means

@@ -2,7 +2,7 @@
 
 - quote: "fix the spelling in this text and write it out again". An answer that copies its prompt
   is what editing, summarising with quotes and code changes look like, and it is the traffic n-gram
-  speculative decoding (engine/spec_decode.py) is made for: the next tokens are already there.
+  speculative decoding (engine/sample/spec_decode.py) is made for: the next tokens are already there.
 - write: "write a short story about ...": the answer is new text, so the guesses find less.
 
 Random ids are no baseline for speculation: a small model answers noise by looping ("mambo mambo

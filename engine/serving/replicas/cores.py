@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine.machine import affinity
+from engine.platform.machine import affinity
 
 
 def split_cores(num_replicas: int) -> list[list[int]]:

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engine.kv_segment import SharedKV
-from engine.machine import EnginePlan
+from engine.core.kv_segment import SharedKV
+from engine.core.sequence import FinishReason, RequestTimes
+from engine.core.step_record import StepRecord
+from engine.platform.machine import EnginePlan
 from engine.sampling_params import SamplingParams
-from engine.sequence import FinishReason, RequestTimes
-from engine.step_record import StepRecord
 
 
 @dataclass
@@ -118,7 +118,7 @@ class ReplicaFailure:
         """A load that raised: permanent unless a restart may heal it (memory others may free, a
         tensor-parallel group that did not form): else the same config on the same machine runs
         the same code and fails the same way."""
-        from engine.distributed import ShardGroupError
+        from engine.parallel.distributed import ShardGroupError
 
         transient = isinstance(exc, (MemoryError, TimeoutError, ConnectionError, ShardGroupError))
         return cls(str(exc) or type(exc).__name__, permanent=not transient)
@@ -145,7 +145,7 @@ class ReplicaStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_steps: int = 0
-    # Speculative decoding (engine/spec_decode.py): verify passes, guesses checked, guesses kept.
+    # Speculative decoding (engine/sample/spec_decode.py): verify passes, guesses checked, guesses kept.
     spec_checks: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
@@ -158,7 +158,7 @@ class ReplicaStats:
     kv_bytes_per_token: int = 0
     copy_gbs: float = 0.0  # the replica's measured memory copy bandwidth
     pid: int = 0  # rank 0's process (0: simulated)
-    # Sharding (engine/ranks.py tp_stats: the same fields for one rank).
+    # Sharding (engine/parallel/ranks.py tp_stats: the same fields for one rank).
     tensor_parallel: int = 1
     tp_rank_weight_bytes: list[int] = field(default_factory=list)
     tp_rank_pids: list[int] = field(default_factory=list)

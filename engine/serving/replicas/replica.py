@@ -19,9 +19,9 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK
 from engine.config import EngineConfig
-from engine.kv_segment import SharedKV
-from engine.machine import EnginePlan
-from engine.ranks import STEP_TIMEOUT_S
+from engine.core.kv_segment import SharedKV
+from engine.parallel.ranks import STEP_TIMEOUT_S
+from engine.platform.machine import EnginePlan
 from engine.serving.replicas.messages import (
     AbortRequest,
     AddRequest,

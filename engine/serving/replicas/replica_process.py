@@ -14,8 +14,8 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK
 from engine.config import EngineConfig
-from engine.machine import set_affinity
-from engine.sequence import FinishReason
+from engine.core.sequence import FinishReason
+from engine.platform.machine import set_affinity
 from engine.serving.replicas.messages import (
     AbortRequest,
     AddRequest,
@@ -35,13 +35,13 @@ def replica_main(
     replica_id: int, config: EngineConfig, inbox: Any, outbox: Any, cores: list[int] | None, heartbeat_s: float
 ) -> None:
     """The child process: load the engine, then loop: take commands, step, report."""
-    from engine.distributed import ShardGroupError, world_size
+    from engine.core.llm_engine import LLMEngine
+    from engine.core.memory import copy_bandwidth_gbs
     from engine.errors import InvalidParamError
-    from engine.llm_engine import LLMEngine
-    from engine.machine import resolve_device
-    from engine.memory import copy_bandwidth_gbs
+    from engine.parallel.distributed import ShardGroupError, world_size
+    from engine.platform.machine import resolve_device
     from engine.serving.replicas.replica_requests import ReplicaRequests
-    from engine.warm_up import warm_up
+    from engine.worker.warm_up import warm_up
 
     clock = WALL_CLOCK
     if cores:
@@ -49,7 +49,7 @@ def replica_main(
         config = config.replace(num_threads=len(cores))
     outbox.put(StepMessage(replica_id, clock.now(), state=ReplicaState.STARTING))
     try:
-        # On CUDA, replica i's ranks take the cards from base + i * ranks (engine/machine.py).
+        # On CUDA, replica i's ranks take the cards from base + i * ranks (engine/platform/machine.py).
         config = config.replace(device=resolve_device(config.device, replica_id, world_size(config)))
         engine = LLMEngine(config)
         warm_up(engine)

@@ -14,9 +14,9 @@ import copy
 import dataclasses
 from typing import Any
 
-from engine.kv_handoff import caches_of, import_prompt, read_shared, write_shared
-from engine.request_output import RequestOutput
-from engine.sequence import FinishReason, Sequence
+from engine.core.kv_handoff import caches_of, import_prompt, read_shared, write_shared
+from engine.core.request_output import RequestOutput
+from engine.core.sequence import FinishReason, Sequence
 from engine.serving.replicas.messages import AddRequest, TokenDelta
 
 

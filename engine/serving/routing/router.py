@@ -22,8 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.block_manager import blocks_for
 from engine.clock import WALL_CLOCK, Clock
+from engine.core.block_manager import blocks_for
 from engine.errors import ServingError
 from engine.sampling_params import SamplingParams
 from engine.serving.driver import WallClockDriver

@@ -15,10 +15,10 @@ from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
-from engine.machine import EnginePlan
 from engine.model.gguf_file import context_length
 from engine.model.paths import DEFAULT_MODEL_NAME, default_gguf_path
 from engine.model.tokenizer import ChatTokenizer, load_tokenizer
+from engine.platform.machine import EnginePlan
 from engine.sampling_params import SamplingParams
 from engine.serving.disagg.decode_pool import DecodePool
 from engine.serving.driver import Driver, WallClockDriver

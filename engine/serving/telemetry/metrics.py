@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.clock import WALL_CLOCK, Clock
-from engine.sequence import FinishReason, RequestTimes
+from engine.core.sequence import FinishReason, RequestTimes
 from engine.serving.replicas.messages import ReplicaStats, StepMessage
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.snapshot import FleetSnapshot

@@ -35,7 +35,7 @@ class FleetSnapshot:
     batch_size: int = 0  # sequences in the replicas' last steps
     allreduce_ms: float = 0.0  # tensor parallelism: the slowest replica's all-reduce time per step
     # Pipeline parallelism: each stage's idle share (the bubble) over the latest seconds, in the
-    # first replica with stages (engine/stage_clock.py); empty without stages.
+    # first replica with stages (engine/parallel/stage_clock.py); empty without stages.
     stage_idle: list[float] = field(default_factory=list)
     max_num_seqs: int = 0  # batch slots across the serving replicas
     kv_handoffs: int = 0  # a prefill/decode split's KV handoffs, since the fleet began

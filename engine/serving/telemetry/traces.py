@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.clock import Clock
-from engine.sequence import FinishReason
+from engine.core.sequence import FinishReason
+from engine.core.step_record import DECODE, HANDOFF, PREFILL, StepRecord
 from engine.serving.replicas.messages import StepMessage
-from engine.step_record import DECODE, HANDOFF, PREFILL, StepRecord
 
 WINDOW_ROWS = 300
 ROWS_PER_S = 30.0  # new rows a second at most, beyond those with a user: what a browser can draw
