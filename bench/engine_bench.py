@@ -74,9 +74,9 @@ def run_servelab(llm: LLM, paged: bool, num_requests: int, seed: int = SEED) -> 
             contexts = [s.num_computed_tokens for s in batch.seqs]
             decode_steps.append((elapsed, statistics.mean(contexts)))
         stats = engine.stats()
-        if stats["kv_tokens_reserved"]:
-            used.append(stats["kv_tokens_used"])
-            reserved.append(stats["kv_tokens_reserved"])
+        if stats.kv_tokens_reserved:
+            used.append(stats.kv_tokens_used)
+            reserved.append(stats.kv_tokens_reserved)
     seconds = time.perf_counter() - start
     return {
         "system": "servelab" + ("" if paged else "-static"),
@@ -85,7 +85,7 @@ def run_servelab(llm: LLM, paged: bool, num_requests: int, seed: int = SEED) -> 
         "output_tok_s": round(output_tokens / seconds, 1),
         "kv_utilisation": round(sum(used) / sum(reserved), 3),
         "decode_steps": decode_steps,
-        "preemptions": engine.stats()["num_preemptions"],
+        "preemptions": engine.stats().num_preemptions,
         "model_cfg": engine.model_cfg,
     }
 

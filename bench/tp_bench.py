@@ -46,16 +46,16 @@ def measure(degree: int, dtype: str, cap_mb: float, batch: int, steps: int) -> d
         stats = engine.stats()
     finally:
         engine.close()
-    per_rank = stats.get("tp_rank_weight_bytes", [stats["weight_bytes"]])
+    per_rank = stats.tp_rank_weight_bytes
     return {
         "tensor_parallel": degree,
         "rank_weight_mb": [round(b / MB, 1) for b in per_rank],
-        "kv_blocks": stats["kv_total_blocks"],
-        "kv_tokens": stats["kv_total_blocks"] * engine.config.block_size,
-        "kv_bytes_per_token_per_rank": stats["kv_bytes_per_token"],
+        "kv_blocks": stats.kv_total_blocks,
+        "kv_tokens": stats.kv_total_blocks * engine.config.block_size,
+        "kv_bytes_per_token_per_rank": stats.kv_bytes_per_token,
         "decode_step_ms": round(statistics.median(step_ms), 2),
-        "allreduce_ms_per_step": round(stats.get("allreduce_ms_per_step", 0.0), 2),
-        "allreduces_per_step": stats.get("allreduces_per_step", 0),
+        "allreduce_ms_per_step": round(stats.allreduce_ms_per_step, 2),
+        "allreduces_per_step": stats.allreduces_per_step,
     }
 
 

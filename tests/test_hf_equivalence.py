@@ -66,7 +66,7 @@ def test_prefix_caching_with_shared_preamble(hf_reference: dict[str, Any]) -> No
     common = hf_reference["shared_prefix"]["common_prefix_tokens"]
     assert outs[0].num_cached_tokens == common // 16 * 16
     stats = llm.engine.stats()
-    assert stats["prefix_cache_hits"] == common // 16 * 16
+    assert stats.prefix_cache_hits == common // 16 * 16
 
 
 def test_preemption_under_a_small_kv_budget(hf_reference: dict[str, Any]) -> None:
@@ -75,7 +75,7 @@ def test_preemption_under_a_small_kv_budget(hf_reference: dict[str, Any]) -> Non
     kv_mb = 400 * 23040 / 2**20 * 2  # float32 K+V per token for this model
     llm = LLM(dtype="float32", kv_budget_mb=kv_mb, block_size=16, prefix_caching=False)
     check(llm, refs, hf_reference["max_new_tokens"])
-    assert llm.engine.stats()["num_preemptions"] > 0
+    assert llm.engine.stats().num_preemptions > 0
     assert llm.engine.kv.num_used_blocks == 0
 
 

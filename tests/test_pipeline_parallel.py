@@ -49,13 +49,13 @@ def test_two_stages_match_the_hf_reference(hf_reference: dict[str, Any], overlap
     assert all(a[k][1] <= b[k][0] + 1e-3 for a, b in itertools.pairwise(spans) for k in (0, 1))  # a stage, batch after batch
     # The driver times its stage's forward to the logits coming back: inside each batch's span.
     assert all(0 < r.model_s < r.end - r.start for r in records)
-    assert stats["pipeline_parallel"] == 2 and stats["pp_stage_layers"] == [15, 15]
-    assert stats["tensor_parallel"] == 1 and stats["allreduces_per_step"] == 0
-    first, second = stats["pp_stage_weight_bytes"]
+    assert stats.pipeline_parallel == 2 and stats.pp_stage_layers == [15, 15]
+    assert stats.tensor_parallel == 1 and stats.allreduces_per_step == 0
+    first, second = stats.pp_stage_weight_bytes
     assert first == second  # the first holds the embeddings, the last the head: tied, the same bytes
     # Each stage's KV block holds its own 15 layers: half of the whole model's.
-    assert stats["pp_stage_kv_block_bytes"] == [15 * 2 * 3 * 64 * 4 * 16] * 2
-    assert len(stats["pp_stage_idle_share"]) == 2 and all(0 <= s <= 1 for s in stats["pp_stage_idle_share"])
+    assert stats.pp_stage_kv_block_bytes == [15 * 2 * 3 * 64 * 4 * 16] * 2
+    assert len(stats.pp_stage_idle_share) == 2 and all(0 <= s <= 1 for s in stats.pp_stage_idle_share)
     assert wait_for(lambda: all(gone(pid) for pid in pids[1:]), 5)
 
 
@@ -68,8 +68,8 @@ def test_two_stages_of_two_tensor_parallel_ranks_match_the_hf_reference(hf_refer
         stats = llm.engine.stats()
     finally:
         llm.engine.close()
-    assert stats["pipeline_parallel"] == 2 and stats["tensor_parallel"] == 2
-    assert stats["allreduces_per_step"] == 2 * 15  # two a layer, rank 0's stage only
+    assert stats.pipeline_parallel == 2 and stats.tensor_parallel == 2
+    assert stats.allreduces_per_step == 2 * 15  # two a layer, rank 0's stage only
     assert wait_for(lambda: all(gone(pid) for pid in pids[1:]), 5)
 
 

@@ -83,7 +83,7 @@ def test_a_running_engine_takes_the_lever_in_place_and_drops_guesses_made_for_th
     engine.step()  # no guess to check yet (they are made after a step)
     engine.step()
     assert len(seq.output_token_ids) == before + 1 + 1 + 3
-    assert engine.stats()["spec_draft_tokens"] == 4 + 2 and engine.stats()["spec_accepted_tokens"] == 4 + 2
+    assert engine.stats().spec_draft_tokens == 4 + 2 and engine.stats().spec_accepted_tokens == 4 + 2
 
 
 def test_a_verify_step_is_priced_as_a_chunk_with_a_sampled_row_per_guess() -> None:
@@ -138,15 +138,15 @@ def test_the_simulated_lab_moves_it_in_place_and_rebuilds_for_a_new_acceptance()
     lab.start_traffic()
     lab.loop.run(until=lab.clock.now() + 20.0)
     stats = [r.engine.stats() for r in lab.fleet.replicas]  # type: ignore[attr-defined]
-    assert sum(s["spec_checks"] for s in stats) > 100
-    accepted = sum(s["spec_accepted_tokens"] for s in stats) / sum(s["spec_draft_tokens"] for s in stats)
+    assert sum(s.spec_checks for s in stats) > 100
+    accepted = sum(s.spec_accepted_tokens for s in stats) / sum(s.spec_draft_tokens for s in stats)
     assert 0.3 < accepted < 0.6  # each guess stands at 0.6 once those before it did
     snap = lab._latest  # the live stream's snapshot: the same shares over its window
     assert snap is not None and snap.spec_acceptance is not None and snap.spec_tokens_per_step is not None
     assert 0.3 < snap.spec_acceptance < 0.6 and 1.8 < snap.spec_tokens_per_step < 2.8  # 2.31 expected at k = 4
     text = lab.fleet.metrics_text()
     drafts = next(line for line in text.splitlines() if line.startswith("vllm:spec_decode_num_draft_tokens_total"))
-    assert int(drafts.split()[-1]) == sum(s["spec_draft_tokens"] for s in stats)
+    assert int(drafts.split()[-1]) == sum(s.spec_draft_tokens for s in stats)
     assert "vllm:spec_decode_num_accepted_tokens_total" in text and "vllm:spec_decode_num_drafts_total" in text
 
 

@@ -52,11 +52,11 @@ def test_two_ranks_match_the_hf_reference(hf_reference: dict[str, Any]) -> None:
         llm.engine.close()
     # Rank 0 times the forward with its all-reduces, so the other rank's work: inside each step.
     assert records and all(0 < r.model_s < r.end - r.start for r in records)
-    assert stats["tensor_parallel"] == 2 and stats["allreduces_per_step"] == 2 * llm.engine.model_cfg.num_layers
-    assert stats["allreduce_ms_per_step"] > 0
-    rank0, rank1 = stats["tp_rank_weight_bytes"]
+    assert stats.tensor_parallel == 2 and stats.allreduces_per_step == 2 * llm.engine.model_cfg.num_layers
+    assert stats.allreduce_ms_per_step > 0
+    rank0, rank1 = stats.tp_rank_weight_bytes
     assert rank0 > rank1  # rank 0 holds 2 of the 3 KV groups
-    assert stats["kv_bytes_per_token"] == 2 * 30 * 2 * 64 * 4  # rank 0's 2 KV heads, float32
+    assert stats.kv_bytes_per_token == 2 * 30 * 2 * 64 * 4  # rank 0's 2 KV heads, float32
     assert wait_for(lambda: all(gone(pid) for pid in pids[1:]), 5)
 
 

@@ -94,7 +94,7 @@ def engine_runs(
         if ctx.dry_run and triton:
             llm.engine.model.attention_impl = "triton"
         runs[f"device_{dtype}_preempt"] = generate(llm, short, sizes.preempt_tokens, prompt_logprobs=False)
-        runs[f"device_{dtype}_preemptions"] = llm.engine.stats()["num_preemptions"]
+        runs[f"device_{dtype}_preemptions"] = llm.engine.stats().num_preemptions
         workload.close(llm)
     llm = workload.build_llm(folder, "cpu", "float32", kv_budget_mb=workload.budget_mb(shape, total, 4))
     ctx.figure("cpu_float32/plan", llm.engine.plan.to_json() if llm.engine.plan else None)

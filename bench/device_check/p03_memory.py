@@ -88,7 +88,7 @@ def measure(ctx: PhaseContext, shape: ModelShape, tag: str) -> None:
             ctx.check(f"{tag}/kv_budget_is_what_the_cap_leaves", plan.kv_budget_bytes == room, plan.describe())
         warm_up(engine)
         llm.generate([{"prompt_token_ids": p} for p in full_step(shape, llm)], workload.greedy(2, logprobs=None))
-        ctx.check(f"{tag}/full_step_ran", engine.stats()["num_steps"] >= 2, engine.stats()["num_steps"])
+        ctx.check(f"{tag}/full_step_ran", engine.stats().num_steps >= 2, engine.stats().num_steps)
         ctx.skip(f"{tag}/allocator", "the CPU has no torch.cuda.max_memory_allocated to hold the plan to")
         workload.close(llm)
         return

@@ -16,6 +16,7 @@ from engine.config import IN_PLACE_FIELDS, EngineConfig
 from engine.core.block_manager import BlockManager, blocks_for
 from engine.core.contiguous_allocator import ContiguousAllocator
 from engine.core.detokenizer import text_step
+from engine.core.engine_stats import EngineStats, field_values
 from engine.core.multi_step import HeldRun
 from engine.core.prompt_ids import PromptIds, checked_prompt_ids
 from engine.core.request_output import RequestOutput
@@ -349,40 +350,39 @@ class LLMEngine:
 
     # reporting --------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        running = self.scheduler.running
+    def stats(self) -> EngineStats:
+        running, kv, memory = self.scheduler.running, self.kv, self.memory
         if self.scheduler.steady is not None:
             self.scheduler.steady.sync()  # the steady decodes' counters, written out for the sum below
-        return {
-            "running": len(running),
-            "waiting": len(self.scheduler.waiting),
-            "kv_used_blocks": self.kv.num_used_blocks,
-            "kv_total_blocks": self.kv.num_blocks,
-            "kv_tokens_used": sum(s.num_computed_tokens for s in running),
-            "kv_tokens_reserved": self.kv.num_used_blocks * self.config.block_size,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "num_expired": self.scheduler.num_expired,
-            "expired_prefill_tokens": self.scheduler.expired_prefill_tokens,
-            "prefix_cache_queries": self.kv.prefix_queries,
-            "prefix_cache_hits": self.kv.prefix_hits,
-            "num_steps": self.num_steps,
-            "spec_checks": self.speculation.checks,
-            "spec_draft_tokens": self.speculation.proposed,
-            "spec_accepted_tokens": self.speculation.accepted,
-            "batch_size": len(self.last_batch.seqs) + self.last_batch.steady,
-            # Static facts for the back-of-envelope panel: what the weights and the KV cache cost.
-            "weight_bytes": self.memory.weight_bytes,
-            "param_bytes": self.memory.param_bytes,
-            "kv_budget_bytes": self.memory.kv_budget_bytes,
-            "kv_bytes_per_token": self.memory.bytes_per_block // self.config.block_size,
-        } | tp_stats(self.shard_group, self.memory.weight_bytes, self.memory.bytes_per_block)
+        shards = tp_stats(self.shard_group, memory.weight_bytes, memory.bytes_per_block)
+        return EngineStats(
+            **field_values(shards),
+            running=len(running),
+            waiting=len(self.scheduler.waiting),
+            kv_used_blocks=kv.num_used_blocks,
+            kv_total_blocks=kv.num_blocks,
+            kv_tokens_used=sum(s.num_computed_tokens for s in running),
+            kv_tokens_reserved=kv.num_used_blocks * self.config.block_size,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_expired=self.scheduler.num_expired,
+            expired_prefill_tokens=self.scheduler.expired_prefill_tokens,
+            prefix_cache_queries=kv.prefix_queries,
+            prefix_cache_hits=kv.prefix_hits,
+            num_steps=self.num_steps,
+            spec_checks=self.speculation.checks,
+            spec_draft_tokens=self.speculation.proposed,
+            spec_accepted_tokens=self.speculation.accepted,
+            batch_size=len(self.last_batch.seqs) + self.last_batch.steady,
+            weight_bytes=memory.weight_bytes,
+            param_bytes=memory.param_bytes,
+            kv_budget_bytes=memory.kv_budget_bytes,
+            kv_bytes_per_token=memory.bytes_per_block // self.config.block_size,
+        )
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks, if any (a no-op for one rank)."""
         if self.shard_group is not None:
             self.shard_group.close()
-
-    # levers that change without a restart ------------------------------------------------------
 
     def reconfigure(self, **changes: Any) -> None:
         """Apply the levers a running engine can take in place (IN_PLACE_FIELDS); the scheduler

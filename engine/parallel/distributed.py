@@ -50,6 +50,7 @@ import os
 import signal
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -68,7 +69,7 @@ from engine.parallel.collectives import (
     world_size,
 )
 from engine.parallel.p2p import Direction
-from engine.parallel.ranks import pp_stats, tp_stats  # noqa: F401 - tp_stats re-exported
+from engine.parallel.ranks import ShardStats
 from engine.parallel.span_timer import SpanTimer
 from engine.parallel.stage_clock import StageClock
 from engine.platform.machine import affinity, set_affinity
@@ -235,29 +236,30 @@ class ShardGroup:
             self._record(0, start, end)
         return tuple(spans.popleft() for spans in self.stage_spans if spans)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> ShardStats:
         self._read_reports()
-        return {
-            "tensor_parallel": self.tp,
-            "tp_rank_weight_bytes": self.rank_weight_bytes[: self.tp],
-            "tp_rank_pids": self.pids[: self.tp],
-            "rank_pids": self.pids,
-            "allreduce_ms_per_step": self.timer.ms_per_step,
-            "allreduces_per_step": self.timer.count_per_step,
-        } | self._pp_stats()
-
-    def _pp_stats(self) -> dict[str, Any]:
+        tp_only = ShardStats(
+            tensor_parallel=self.tp,
+            tp_rank_weight_bytes=self.rank_weight_bytes[: self.tp],
+            tp_rank_pids=self.pids[: self.tp],
+            rank_pids=self.pids,
+            allreduce_ms_per_step=self.timer.ms_per_step,
+            allreduces_per_step=self.timer.count_per_step,
+            pp_stage_weight_bytes=[sum(self.rank_weight_bytes)],
+            pp_stage_kv_block_bytes=[sum(self.rank_kv_block_bytes)],
+        )
         if self.pp == 1:
-            return pp_stats(sum(self.rank_weight_bytes), sum(self.rank_kv_block_bytes))
+            return tp_only
         lead = [s * self.tp for s in range(self.pp)]  # each stage's TP rank 0
-        return {
-            "pipeline_parallel": self.pp,
-            "pp_stage_layers": stage_layers(self.num_layers, self.pp),
-            "pp_stage_weight_bytes": [sum(self.rank_weight_bytes[r : r + self.tp]) for r in lead],
-            "pp_stage_kv_block_bytes": [sum(self.rank_kv_block_bytes[r : r + self.tp]) for r in lead],
-            "pp_stage_busy_ms_per_step": [c.busy_ms_per_step() for c in self.stage_clocks],
-            "pp_stage_idle_share": [c.idle_share(time.monotonic()) for c in self.stage_clocks],
-        }
+        return replace(
+            tp_only,
+            pipeline_parallel=self.pp,
+            pp_stage_layers=stage_layers(self.num_layers, self.pp),
+            pp_stage_weight_bytes=[sum(self.rank_weight_bytes[r : r + self.tp]) for r in lead],
+            pp_stage_kv_block_bytes=[sum(self.rank_kv_block_bytes[r : r + self.tp]) for r in lead],
+            pp_stage_busy_ms_per_step=[c.busy_ms_per_step() for c in self.stage_clocks],
+            pp_stage_idle_share=[c.idle_share(time.monotonic()) for c in self.stage_clocks],
+        )
 
     def close(self) -> None:
         """Stop the workers cleanly (they leave their loop on None) and leave the group."""

@@ -6,6 +6,7 @@ engine/parallel/collectives.py and engine/parallel/distributed.py (which need to
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -54,34 +55,39 @@ def nccl_environment(config: EngineConfig) -> dict[str, str]:
     }
 
 
-def pp_stats(weight_bytes: int, block_bytes: int) -> dict[str, Any]:
-    """The pipeline facts of one stage (no pipeline): the keys a pipelined replica reports."""
-    return {
-        "pipeline_parallel": 1,
-        "pp_stage_layers": [],
-        "pp_stage_weight_bytes": [weight_bytes],
-        "pp_stage_kv_block_bytes": [block_bytes],
-        "pp_stage_busy_ms_per_step": [],
-        "pp_stage_idle_share": [],
-    }
+@dataclass
+class ShardStats:
+    """A replica's sharding facts, the same fields for one rank (engine/parallel/distributed.py's
+    ShardGroup reports them for several): ranks a stage and what each of the first stage's holds,
+    every rank's pid (rank 0 first), rank 0's all-reduce time (mean of the latest steps) and count
+    (2 per layer of its stage); with pipeline stages, per stage: its layers, weights (its TP ranks
+    together), one KV block's bytes there, busy time a step and idle share (the bubble, over the
+    latest STAGE_WINDOW_S)."""
+
+    tensor_parallel: int = 1
+    tp_rank_weight_bytes: list[int] = field(default_factory=list)
+    tp_rank_pids: list[int] = field(default_factory=list)
+    rank_pids: list[int] = field(default_factory=list)
+    allreduce_ms_per_step: float = 0.0
+    allreduces_per_step: int = 0
+    pipeline_parallel: int = 1
+    pp_stage_layers: list[int] = field(default_factory=list)
+    pp_stage_weight_bytes: list[int] = field(default_factory=list)
+    pp_stage_kv_block_bytes: list[int] = field(default_factory=list)
+    pp_stage_busy_ms_per_step: list[float] = field(default_factory=list)
+    pp_stage_idle_share: list[float] = field(default_factory=list)
 
 
-def tp_stats(group: Any, weight_bytes: int, block_bytes: int) -> dict[str, Any]:
-    """The sharding facts engine.stats() reports, the same keys for one rank:
-    tensor_parallel (ranks a stage), tp_rank_weight_bytes (weights each rank of the first stage
-    holds, rank 0 first), tp_rank_pids, rank_pids (every rank's, rank 0 first), allreduce_ms_per_step (rank 0's wall time in all-reduces,
-    mean of the latest steps), allreduces_per_step (2 per layer of the stage); and with pipeline
-    stages, pipeline_parallel and per stage: pp_stage_layers, pp_stage_weight_bytes (its TP ranks
-    together), pp_stage_kv_block_bytes (one KV block's bytes there), pp_stage_busy_ms_per_step and pp_stage_idle_share (the bubble, over the latest
-    STAGE_WINDOW_S). group: the replica's ShardGroup (engine/parallel/distributed.py, whose stats() these
-    are), None for one rank."""
+def tp_stats(group: Any, weight_bytes: int, block_bytes: int) -> ShardStats:
+    """The sharding facts engine.stats() reports. group: the replica's ShardGroup
+    (engine/parallel/distributed.py, whose stats() these are), None for one rank."""
     if group is not None:
         return group.stats()
-    return {
-        "tensor_parallel": 1,
-        "tp_rank_weight_bytes": [weight_bytes],
-        "tp_rank_pids": [os.getpid()],
-        "rank_pids": [os.getpid()],
-        "allreduce_ms_per_step": 0.0,
-        "allreduces_per_step": 0,
-    } | pp_stats(weight_bytes, block_bytes)
+    pid = os.getpid()
+    return ShardStats(
+        tp_rank_weight_bytes=[weight_bytes],
+        tp_rank_pids=[pid],
+        rank_pids=[pid],
+        pp_stage_weight_bytes=[weight_bytes],
+        pp_stage_kv_block_bytes=[block_bytes],
+    )

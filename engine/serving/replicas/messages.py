@@ -7,10 +7,10 @@ blocks, and the facts the lab shows) and a heartbeat time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from engine.core.engine_stats import EngineStats, field_values
 from engine.core.kv_segment import SharedKV
 from engine.core.sequence import FinishReason, RequestTimes
 from engine.core.step_record import StepRecord
@@ -124,70 +124,22 @@ class ReplicaFailure:
         return cls(str(exc) or type(exc).__name__, permanent=not transient)
 
 
-@dataclass(frozen=True)
-class ReplicaStats:
-    """A replica's latest step, typed: what its StepMessage carries over the pipe (a dataclass
-    pickles as it is), and what the router, autoscaler, metrics bus and lab read by attribute. A
-    live replica fills it from its engine's stats() in its own process (of_engine); a simulated
-    one fills the counts it keeps, and the rest stay 0 or empty (no weights, no ranks)."""
+@dataclass
+class ReplicaStats(EngineStats):
+    """A replica's latest step, typed: its engine's stats (EngineStats, sharding included) and what
+    its process adds. What its StepMessage carries over the pipe (a dataclass pickles as it is), and
+    what the router, autoscaler, metrics bus and lab read by attribute. A live replica fills it from
+    its engine's stats() in its own process (of_engine); a simulated one fills the counts it keeps,
+    and the rest stay 0 or empty (no weights, no ranks)."""
 
-    # What the router and autoscaler decide on.
-    running: int = 0
-    waiting: int = 0
-    kv_used_blocks: int = 0
-    kv_total_blocks: int = 0
     max_num_seqs: int = 0
-    batch_size: int = 0  # sequences in the latest step
-    # Running totals (the metrics bus's COUNTERS keep a retired replica's).
-    num_preemptions: int = 0
-    num_expired: int = 0  # dropped at their deadline inside the replica
-    expired_prefill_tokens: int = 0  # prompt tokens prefilled for requests already past it
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_steps: int = 0
-    # Speculative decoding (engine/sample/spec_decode.py): verify passes, guesses checked, guesses kept.
-    spec_checks: int = 0
-    spec_draft_tokens: int = 0
-    spec_accepted_tokens: int = 0
-    kv_tokens_used: int = 0
-    kv_tokens_reserved: int = 0
-    # Static facts for the lab's back-of-envelope panel (live only): what weights and KV cost.
-    weight_bytes: int = 0
-    param_bytes: int = 0
-    kv_budget_bytes: int = 0
-    kv_bytes_per_token: int = 0
     copy_gbs: float = 0.0  # the replica's measured memory copy bandwidth
     pid: int = 0  # rank 0's process (0: simulated)
-    # Sharding (engine/parallel/ranks.py tp_stats: the same fields for one rank).
-    tensor_parallel: int = 1
-    tp_rank_weight_bytes: list[int] = field(default_factory=list)
-    tp_rank_pids: list[int] = field(default_factory=list)
-    rank_pids: list[int] = field(default_factory=list)  # every rank's, rank 0 first
-    allreduce_ms_per_step: float = 0.0
-    allreduces_per_step: int = 0
-    pipeline_parallel: int = 1
-    pp_stage_layers: list[int] = field(default_factory=list)
-    pp_stage_weight_bytes: list[int] = field(default_factory=list)
-    pp_stage_kv_block_bytes: list[int] = field(default_factory=list)
-    pp_stage_busy_ms_per_step: list[float] = field(default_factory=list)
-    pp_stage_idle_share: list[float] = field(default_factory=list)  # the bubble, each stage's
-
-    @property
-    def free_blocks(self) -> int:
-        return self.kv_total_blocks - self.kv_used_blocks
 
     @classmethod
-    def of_engine(cls, stats: Mapping[str, Any], **process: Any) -> ReplicaStats:
-        """The engine's stats() (a plain dict, the offline API's) as the pipe's record, plus what
-        the replica process adds (max_num_seqs, pid, copy_gbs). Strict: a figure the engine
-        reports without a field here is a contract change, so it fails loudly, not silently."""
-        unknown = sorted(stats.keys() - _STAT_FIELDS)
-        if unknown:
-            raise TypeError(f"ReplicaStats has no field for the engine's {unknown}: add them to it")
-        return cls(**stats, **process)
-
-
-_STAT_FIELDS = frozenset(f.name for f in fields(ReplicaStats))
+    def of_engine(cls, stats: EngineStats, *, max_num_seqs: int, pid: int, copy_gbs: float) -> ReplicaStats:
+        """The engine's record widened by what the replica process knows."""
+        return cls(**field_values(stats), max_num_seqs=max_num_seqs, pid=pid, copy_gbs=copy_gbs)
 
 
 @dataclass
