@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from engine.clock import VirtualClock
+from engine.lab.arrivals import Ramp
 from engine.lab.envelope import MB, Facts, bottlenecks, decode_step_ms, envelope
-from engine.lab.traffic import Ramp
 from engine.levers import LEVERS
 from engine.serving.telemetry.events import EventLog
 from engine.serving.telemetry.snapshot import FleetSnapshot

@@ -5,6 +5,8 @@ test runs its real thread, asserting no pace (a busy machine ticks slower)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +17,6 @@ import pytest
 from engine.clock import VirtualClock
 from engine.errors import InvalidParamError
 from engine.lab.envelope import bottlenecks
-from engine.lab.simulated import lab_sim
 from engine.lab.simulated.lab_check import badge, check_sim, model_label
 from engine.lab.simulated.lab_sim import MAX_LAG_S, SimLab
 from engine.levers import LEVERS, validate_levers
@@ -142,18 +143,10 @@ class ManualPacer:
         return self.tick is not None and not self.stopped
 
 
-def paced_lab(
-    levers: dict[str, Any], got: list[FleetSnapshot], monkeypatch: pytest.MonkeyPatch
-) -> tuple[SimLab, ManualPacer, VirtualClock]:
-    """A SimLab on a virtual wall clock whose pacer the test ticks. SimLab takes its wall clock
-    (`wall=`) but builds its own pacer: engine/lab/simulated/lab_sim.py would need a `pacer`
-    argument for this to go through the constructor instead of the private attribute."""
-    wall = VirtualClock()
-    lab = SimLab(levers, got.append, wall=wall)
-    pacer = ManualPacer()
-    lab._pacer = pacer  # type: ignore[assignment]
-    # The first tick lowers its thread's priority (the pacer's own thread, live): here, the test's.
-    monkeypatch.setattr(lab_sim, "lower_this_threads_priority", lambda: None)
+def paced_lab(levers: dict[str, Any], got: list[FleetSnapshot]) -> tuple[SimLab, ManualPacer, VirtualClock]:
+    """A SimLab on a virtual wall clock whose pacer the test ticks."""
+    wall, pacer = VirtualClock(), ManualPacer()
+    lab = SimLab(levers, got.append, wall=wall, pacer=pacer)
     lab.start_traffic()
     lab.start()
     assert pacer.tick is not None and pacer.period_s is not None
@@ -161,11 +154,9 @@ def paced_lab(
     return lab, pacer, wall
 
 
-def test_the_pacer_sends_a_snapshot_a_tick_at_least_five_a_wall_second_keeping_pace(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_pacer_sends_a_snapshot_a_tick_at_least_five_a_wall_second_keeping_pace() -> None:
     got: list[FleetSnapshot] = []
-    lab, pacer, wall = paced_lab(SEVENTY_B, got, monkeypatch)
+    lab, pacer, wall = paced_lab(SEVENTY_B, got)
     assert pacer.period_s is not None and 1.0 / pacer.period_s >= 5  # the stream's promise, at any speed
     ticks = round(2.0 / pacer.period_s)  # two wall seconds
     for _ in range(ticks):
@@ -182,9 +173,9 @@ def test_the_pacer_sends_a_snapshot_a_tick_at_least_five_a_wall_second_keeping_p
     assert pacer.stopped and not lab.running
 
 
-def test_at_10x_a_tick_runs_ten_simulated_seconds_a_wall_second(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_at_10x_a_tick_runs_ten_simulated_seconds_a_wall_second() -> None:
     got: list[FleetSnapshot] = []
-    lab, pacer, wall = paced_lab(SEVENTY_B | {"sim_speed": 10}, got, monkeypatch)
+    lab, pacer, wall = paced_lab(SEVENTY_B | {"sim_speed": 10}, got)
     assert pacer.period_s is not None
     for _ in range(3):
         wall.advance(pacer.period_s)
@@ -195,12 +186,20 @@ def test_at_10x_a_tick_runs_ten_simulated_seconds_a_wall_second(monkeypatch: pyt
 
 def test_the_pacer_thread_streams_and_stops_for_good() -> None:
     """The real pacer thread: snapshots come, and none after stop(). Its pace is the virtual
-    tests' above: here a busy machine may tick slower, so no count per second is asserted."""
+    tests' above: here a busy machine may tick slower, so no count per second is asserted. The
+    thread runs at nice 19, below the live engine's replicas."""
     got: list[FleetSnapshot] = []
-    lab = SimLab(SEVENTY_B, got.append)
+    nice: set[int] = set()
+
+    def receive(snap: FleetSnapshot) -> None:  # on the pacer's thread
+        nice.add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        got.append(snap)
+
+    lab = SimLab(SEVENTY_B, receive)
     lab.start_traffic()
     lab.start()
     assert wait_for(lambda: len(got) >= 3, 30.0), len(got)
+    assert sys.platform != "linux" or nice == {19}
     lab.stop()
     assert not lab.running and not any(t.name == "sim-pacer" for t in threading.enumerate())
     count = len(got)

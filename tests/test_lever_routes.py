@@ -4,12 +4,10 @@ live lab's traffic and the simulated lab, a rate move during a flood's ramp incl
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from engine.clock import VirtualClock
 from engine.config import IN_PLACE_FIELDS
 from engine.lab.facade import Executor
 from engine.lab.lever_routes import ROUTES, Route, by_route, routes_of
@@ -17,6 +15,7 @@ from engine.lab.remote.remote_levers import REMOTE_LEVERS
 from engine.lab.simulated.lab_sim import SimLab
 from engine.lab.traffic import TrafficDriver
 from engine.levers import LEVERS, Apply, LeverGroup
+from engine.sim.loop import EventLoop
 
 pytestmark = pytest.mark.unit
 
@@ -78,38 +77,38 @@ def test_levers_carry_typed_apply_and_group_that_still_read_as_their_strings() -
     assert LEVERS["request_rate"].group == ""
 
 
-class BookingDriver:
-    """Holds what the traffic books instead of running it: these tests read its rate, not its sends."""
-
-    def __init__(self) -> None:
-        self.booked: list[tuple[float, Callable[[], None]]] = []
-
-    def after(self, delay_s: float, step: Callable[[], None]) -> None:
-        self.booked.append((delay_s, step))
-
-
-def live_traffic(levers: dict[str, Any], clock: VirtualClock) -> TrafficDriver:
-    return TrafficDriver(None, lambda: levers, clock=clock, driver=BookingDriver())  # type: ignore[arg-type]
+def run_to(loop: EventLoop, until: float) -> None:
+    """Run the loop's events up to `until`, then its clock to there (time passes between events)."""
+    loop.run(until=until)
+    loop.clock.advance(until - loop.clock.now())
 
 
 def test_the_same_script_moves_the_live_and_simulated_traffic_alike() -> None:
     """A flood ramps from 4 to 40 req/s over 10 s; a story-length lever moves mid-ramp (the ramp
-    goes on), then the rate lever (the ramp ends, the lever's rate holds), in both labs."""
+    goes on), then the rate lever (the ramp ends, the lever's rate holds), in both labs. Their
+    arrivals come from one loop (engine/lab/arrivals.py), seeded alike: every half second of the
+    script, both have the same rate and the same number of arrivals."""
     levers = DEFAULTS | {"executor": "sim", "request_rate": 4.0}
     sim = SimLab(levers, lambda snap: None)
-    live_levers, clock = dict(levers), VirtualClock()
-    live = live_traffic(live_levers, clock)
+    live_levers, loop = dict(levers), EventLoop()
+    # No server: each live arrival fails at once on its client thread, but is counted as sent.
+    live = TrafficDriver(None, lambda: live_levers, clock=loop.clock, driver=loop)
     sim.start_traffic(ramp_to=40.0, ramp_s=10.0)
     live.start(ramp_to=40.0, ramp_s=10.0)
-    script: list[tuple[float, dict[str, Any]]] = [(5.0, {"output_tokens": 300}), (2.0, {"request_rate": 7.0})]
-    seen = []
+    script: list[tuple[float, dict[str, Any]]] = [(5.0, {"output_tokens": 300}), (2.0, {"request_rate": 7.0}), (3.0, {})]
+    seen, counts = [], []
     for seconds, change in script:
-        sim.loop.run(until=sim.clock.now() + seconds)
-        clock.advance(seconds)
+        for _ in range(int(seconds * 2)):
+            for each in (sim.loop, loop):
+                run_to(each, each.clock.now() + 0.5)
+            counts.append((live.sent, sim.sent))
         live_levers |= change
         live.levers_moved(by_route(change, Executor.LIVE)[Route.LOAD])
         sim.apply(change)
         seen.append((round(live.current_rate(), 6), round(sim.current_rate(), 6)))
     sim.stop_traffic()
-    assert seen == [(22.0, 22.0), (7.0, 7.0)]  # halfway up the ramp, then the lever's rate
+    live.stop()
+    assert seen == [(22.0, 22.0), (7.0, 7.0), (7.0, 7.0)]  # halfway up the ramp, then the lever's rate
     assert live.ramp is None and sim.ramp is None
+    assert all(a == b for a, b in counts), counts
+    assert counts[-1][0] > 100  # about 4 -> 22 req/s over 5 s, 22 -> 29 over 2 s, then 7 req/s for 3 s

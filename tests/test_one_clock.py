@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from engine.clock import VirtualClock
-from engine.lab.traffic import LONG_GAP_S, TrafficDriver
+from engine.lab.arrivals import LONG_GAP_S
+from engine.lab.traffic import TrafficDriver
 from engine.serving.load.loadgen import LoadRequest, RequestRecord, make_requests, run_load
 from engine.sim.loop import EventLoop
 

@@ -1,10 +1,10 @@
 """Live traffic for the lab: an open-ended load generator whose rate, lengths and burstiness
 follow the levers while it runs, with an optional linear ramp (the "flood").
 
-Each arrival draws its gap from the same gamma distribution as the benchmark load generator
-(Poisson at burstiness 1): next_gap() and next_request() are the steps, read at the clock's
-now(). Each gap is waited out on a driver (live, a WallClockDriver's timer; the simulated lab
-books its arrivals the same way on its EventLoop), and every request runs on its own thread.
+When each request arrives is the lab's one arrival loop's (engine/lab/arrivals.py: gamma gaps at
+the rate of each moment, booked on a driver, here a WallClockDriver's timer; the simulated lab
+books its arrivals with the same loop on its EventLoop); what arrives is next_request()'s, and
+every request runs on its own thread.
 
 Where the lab knows its server's URL (connect(): the composition root passes it once the server
 is bound), each request goes over HTTP like any user's: the lab's clients (lab_clients.py:
@@ -20,10 +20,10 @@ import random
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from engine.clock import WALL_CLOCK, Clock
+from engine.lab.arrivals import Arrivals, Ramp
 from engine.lab.client_stats import ClientLatency
 from engine.lab.live.lab_clients import (
     Attempt,
@@ -35,7 +35,7 @@ from engine.lab.live.lab_clients import (
 )
 from engine.lab.proxy import LabProxy, ProxySettings
 from engine.serving.driver import Driver, WallClockDriver
-from engine.serving.load.loadgen import VOCAB, LoadRequest, RouterTarget, Target, arrival_gap, draw_length
+from engine.serving.load.loadgen import VOCAB, LoadRequest, RouterTarget, Target, draw_length
 from engine.serving.load.loadgen_metrics import RequestRecord, RequestStatus
 from engine.serving.load.prompt_mix import Conversations, PromptMix, SystemPrompts, next_turn
 from engine.serving.load.text_prompts import TextPrompts
@@ -48,30 +48,10 @@ from engine.serving.routing.router import Router
 BATCH_EVERY = 4
 BATCH_PRIORITY = 1
 MAX_IN_FLIGHT = 512  # client threads: past this the generator waits, so the web process stays light
-RATE_ZERO_LOOK_S = 0.2  # at rate 0, how often the levers are read again
-LONG_GAP_S = 5.0  # a longer gap is not waited out: the levers are read again first (a raised rate applies)
-
-
-@dataclass
-class Ramp:
-    start_rate: float
-    end_rate: float
-    start_time: float
-    duration_s: float
-
-    def rate(self, now: float) -> float:
-        done = min(1.0, max(0.0, (now - self.start_time) / self.duration_s)) if self.duration_s > 0 else 1.0
-        return self.start_rate + (self.end_rate - self.start_rate) * done
 
 
 # A request sent in process is one attempt: its status says how that attempt ended.
 IN_PROCESS_OUTCOMES = {RequestStatus.OK: AttemptOutcome.OK, RequestStatus.REJECTED: AttemptOutcome.REFUSED}
-
-
-def ramp_after(ramp: Ramp | None, changed: dict[str, Any]) -> Ramp | None:
-    """A learner who moves request_rate during a flood's ramp sets the rate: the ramp ends and the
-    lever's rate holds from then on, live and simulated alike (engine/lab/simulated/lab_sim.py)."""
-    return None if "request_rate" in changed else ramp
 
 
 class TrafficDriver:
@@ -104,16 +84,15 @@ class TrafficDriver:
         # Shared prefixes (the load levers system_prompt_tokens, system_prompt_share, conversation_turns).
         self.system_prompts = SystemPrompts(seed)
         self.conversations = Conversations()
-        self.ramp: Ramp | None = None
         self.sent = 0  # requests (a retried one once); counts.sent counts attempts
         self.counts = ClientCounts()
         self.clients = ClientLatency()
         self._in_flight = threading.Semaphore(MAX_IN_FLIGHT)
-        # Waits out the gaps. Never stopped: a stopped WallClockDriver stays stopped, and the
-        # traffic starts again; a step booked for an earlier run finds the run moved on.
-        self._driver: Driver = driver if driver is not None else WallClockDriver("traffic")
-        self._run = 0  # the current run of arrivals; stop() and start() move it on
-        self._sending = False
+        # The driver waits out the gaps. Never stopped: a stopped WallClockDriver stays stopped, and
+        # the traffic starts again; a step booked for an earlier run finds the run moved on.
+        self.arrivals = Arrivals(
+            levers, clock, driver if driver is not None else WallClockDriver("traffic"), self._arrive, seed
+        )
         self._run_id = uuid.uuid4().hex[:6]
         self._make_texts = texts
         self._texts: TextPrompts | None = None
@@ -166,40 +145,26 @@ class TrafficDriver:
 
     @property
     def running(self) -> bool:
-        return self._sending
+        return self.arrivals.running
+
+    @property
+    def ramp(self) -> Ramp | None:
+        return self.arrivals.ramp
 
     def current_rate(self) -> float:
-        if self.ramp is not None:
-            return self.ramp.rate(self.clock.now())
-        return float(self._levers()["request_rate"])
+        return self.arrivals.current_rate()
 
     def start(self, ramp_to: float | None = None, ramp_s: float = 30.0) -> None:
         """Start sending (or, if running, just set the ramp); ramp_to None holds the lever's rate."""
-        now = self.clock.now()
-        base = float(self._levers()["request_rate"])
-        self.ramp = None if ramp_to is None else Ramp(base, ramp_to, now, ramp_s)
-        if self.running:
-            return
-        self._run += 1
-        self._sending = True
-        self._book(self._run, now)
+        self.arrivals.start(ramp_to, ramp_s)
 
     def levers_moved(self, changed: dict[str, Any]) -> None:
         """The load levers just moved: a flood's ramp ends when request_rate does (ramp_after)."""
-        self.ramp = ramp_after(self.ramp, changed)
+        self.arrivals.levers_moved(changed)
 
     def stop(self) -> None:
         """Stop sending; requests in flight finish normally (none is cut)."""
-        self._sending = False
-        self._run += 1  # the arrival already booked does nothing
-        self.ramp = None
-
-    def next_gap(self) -> float | None:
-        """Seconds from the last arrival to the next at the current rate; None: the rate is 0."""
-        rate = self.current_rate()
-        if rate <= 0:
-            return None
-        return arrival_gap(self.rng, rate, float(self._levers()["burstiness"]))
+        self.arrivals.stop()
 
     def next_request(self) -> LoadRequest:
         """The next arrival's request, its lengths drawn around the levers' means of this moment:
@@ -236,43 +201,11 @@ class TrafficDriver:
             self._texts = self._make_texts()
         return self._texts
 
-    def _book(self, run: int, since: float) -> None:
-        """Book run's next step on the driver: the next arrival one gap after `since` (the clock's
-        time at the last one: sending and booking do not lengthen the gap), or, at rate 0 or
-        past a long gap, another look at the levers."""
-        gap = self.next_gap()
-        wait = RATE_ZERO_LOOK_S if gap is None else min(gap, LONG_GAP_S)
-        delay_s = max(0.0, since + wait - self.clock.now())
-        if gap is not None and gap <= LONG_GAP_S:
-            self._after(run, delay_s, lambda: self._arrive(run))
-        else:
-            self._after(run, delay_s, lambda: self._book(run, self.clock.now()))
-
-    def _arrive(self, run: int) -> None:
-        """One arrival, sent on a client thread, then the next one booked. With MAX_IN_FLIGHT
-        requests out it waits up to a second for one to end, then drops the arrival."""
-        sending = self._in_flight.acquire(timeout=1.0)
-        since = self.clock.now()
-        if sending:
+    def _arrive(self) -> None:
+        """One arrival, sent on a client thread. With MAX_IN_FLIGHT requests out it waits up to a
+        second for one to end, then drops the arrival."""
+        if self._in_flight.acquire(timeout=1.0):
             threading.Thread(target=self._send, args=(self.next_request(),), daemon=True).start()
-        self._book(run, since)
-
-    def _after(self, run: int, delay_s: float, step: Callable[[], None]) -> None:
-        """Run step delay_s from now on the driver, if run is still the current one. A step that
-        raises books nothing after it, so the traffic has ended: running says so (the driver
-        logs why)."""
-
-        def booked() -> None:
-            if run != self._run:
-                return
-            try:
-                step()
-            except Exception:
-                if run == self._run:
-                    self._sending = False
-                raise
-
-        self._driver.after(delay_s, booked)
 
     def burst(self, count: int) -> list[RequestRecord]:
         """Send `count` requests at once, beside any flood (a spike, an outage's backlog

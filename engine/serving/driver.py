@@ -6,6 +6,8 @@ loops did); in simulation the EventLoop (engine/sim/loop.py) is the driver, on v
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -30,8 +32,11 @@ class WallClockDriver:
     """Live: each step on its own daemon thread, started every `period_s` of wall time (a fixed
     rate: the snapshot stream promises a count per second), until stop()."""
 
-    def __init__(self, name: str = "driver") -> None:
+    def __init__(self, name: str = "driver", nice: int = 0) -> None:
+        """nice: the CPU priority its threads take as they start (Linux nice is per thread; never
+        raised above what they inherit): work that must yield to the live engine runs at 19."""
         self.name = name
+        self.nice = nice
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pauses: list[threading.Event] = []
@@ -50,12 +55,14 @@ class WallClockDriver:
     def _once(self, step: Callable[[], None]) -> None:
         if self._stop.is_set():
             return
+        lower_this_threads_priority(self.nice)
         try:
             step()
         except Exception:
             log.exception("%s: a step failed", self.name)
 
     def _run(self, period_s: float, step: Step, wake: threading.Event | None) -> None:
+        lower_this_threads_priority(self.nice)
         pause = wake if wake is not None else threading.Event()
         self._pauses.append(pause)
         due = time.monotonic()
@@ -83,3 +90,17 @@ class WallClockDriver:
     @property
     def running(self) -> bool:
         return not self._stop.is_set() and any(t.is_alive() for t in self._threads)
+
+
+def lower_this_threads_priority(nice: int) -> None:
+    """Set the calling thread's nice to `nice` where that lowers its priority (Linux only: macOS's
+    setpriority takes a process id, so a thread id could renice another process); a refusal
+    leaves it as it was."""
+    if nice <= 0 or sys.platform != "linux":
+        return
+    tid = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:  # not permitted: run at the priority inherited
+        pass

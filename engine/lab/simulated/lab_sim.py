@@ -18,16 +18,15 @@ What the levers mean to the simulator, and its refusals, are engine/lab/simulate
 
 from __future__ import annotations
 
-import os
 import random
-import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from engine.clock import WALL_CLOCK, Clock
 from engine.config import EngineConfig
 from engine.core.sequence import FinishReason
+from engine.lab.arrivals import Arrivals, Ramp
 from engine.lab.envelope import Facts
 from engine.lab.facade import Executor, SimState
 from engine.lab.lever_routes import Route, by_route
@@ -35,10 +34,9 @@ from engine.lab.replica_bounds import replica_bounds
 from engine.lab.shape import min_tensor_parallel
 from engine.lab.simulated.lab_check import BADGE_LEVERS, badge, check_sim, fits
 from engine.lab.simulated.pools import merge_pools
-from engine.lab.traffic import Ramp, ramp_after
 from engine.sampling_params import SamplingParams
-from engine.serving.driver import WallClockDriver
-from engine.serving.load.loadgen import arrival_gap, draw_length
+from engine.serving.driver import Driver, WallClockDriver
+from engine.serving.load.loadgen import draw_length
 from engine.serving.load.prompt_mix import Conversations, OpenTurns, PromptMix, compact_system_ids, next_turn
 from engine.serving.routing.defences import Defences
 from engine.serving.routing.router import AdmissionError, RouterConfig
@@ -55,13 +53,27 @@ PACER_HZ = SNAPSHOT_HZ  # wall ticks a second; each runs the loop up to now * si
 MAX_LAG_S = 0.5  # a slice the simulation cannot keep up with is dropped, not made up in a burst
 
 
+class Pacer(Driver, Protocol):
+    """What ticks a simulated lab: a Driver that can be stopped and says whether it runs."""
+
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+    @property
+    def running(self) -> bool: ...
+
+
 class SimLab:
     """One simulated fleet for the lab. set_levers applies what it can in place and says when a
     change needs a new SimLab (the lab builds it: a new deployment starts at simulated time 0)."""
 
     def __init__(
-        self, levers: dict[str, Any], on_snapshot: Callable[[FleetSnapshot], None], wall: Clock = WALL_CLOCK
+        self,
+        levers: dict[str, Any],
+        on_snapshot: Callable[[FleetSnapshot], None],
+        wall: Clock = WALL_CLOCK,
+        pacer: Pacer | None = None,
     ) -> None:
+        """wall: the pacer's clock; pacer: what ticks it (a WallClockDriver; a test ticks by hand)."""
         self.spec, self.dep = check_sim(levers, {})
         self.min_tp = min_tensor_parallel({tp: fits(self.dep, tp) for tp in (1, 2, 4, 8)})
         self.levers = dict(levers)
@@ -75,17 +87,21 @@ class SimLab:
         self.rng = random.Random(0)
         self.conversations = Conversations()  # the levers' conversations, continued as they are answered
         self.open_turns = OpenTurns(self.conversations)
-        self.ramp: Ramp | None = None
-        self.sending = False
+        # When requests arrive: the live traffic's loop, booked on this lab's EventLoop.
+        self.arrivals = Arrivals(lambda: self.levers, self.clock, self.loop, self._arrive)
         self.traffic = SimTraffic(self)
         self.sent = self.refused = self.finished = 0
         self.achieved_speed = 0.0
         self._latest: FleetSnapshot | None = None
         self._lock = threading.RLock()  # the pacer's slice against lever changes from sockets
         self.wall = wall  # the pacer's clock: the only wall time a simulated lab reads
-        self._pacer = WallClockDriver("sim-pacer")
+        # The pacer runs at the lowest CPU priority: the live engine's replicas share these cores,
+        # and their OpenMP threads wait on each other at every barrier, so a simulation that takes
+        # a core from one of them for a moment stalls the whole step (measured: a 64-GPU fleet
+        # streaming to one browser made the live decode step 1.71x as long at nice 0). Under live
+        # load the simulation runs slower than asked, and achieved_speed shows it.
+        self._pacer: Pacer = pacer if pacer is not None else WallClockDriver("sim-pacer", nice=19)
         self._last_tick: float | None = None
-        self._arrival_run = 0
         self.decode_fleet: Fleet | None = None
         self._decode_left: dict[str, int] = {}
         self.load_s = self.dep.weight_bytes / self.dep.tp / self.spec.storage_bw
@@ -138,37 +154,24 @@ class SimLab:
 
     # traffic ------------------------------------------------------------------------------------
 
+    @property
+    def sending(self) -> bool:
+        return self.arrivals.running
+
+    @property
+    def ramp(self) -> Ramp | None:
+        return self.arrivals.ramp
+
     def current_rate(self) -> float:
-        if self.ramp is not None:
-            return self.ramp.rate(self.clock.now())
-        return float(self.levers["request_rate"])
+        return self.arrivals.current_rate()
 
     def start_traffic(self, ramp_to: float | None = None, ramp_s: float = 30.0) -> None:
         with self._lock:
-            now = self.clock.now()
-            self.ramp = None if ramp_to is None else Ramp(float(self.levers["request_rate"]), ramp_to, now, ramp_s)
-            if not self.sending:
-                self.sending = True
-                self._arrival_run += 1
-                run = self._arrival_run
-                self.loop.at(now, lambda: self._next_arrival(run))
+            self.arrivals.start(ramp_to, ramp_s)
 
     def stop_traffic(self) -> None:
         with self._lock:
-            self.sending, self.ramp = False, None
-            self._arrival_run += 1  # the pending arrival of the old run does nothing
-
-    def _next_arrival(self, run: int) -> None:
-        """One arrival, then the next one's gap at the rate of this moment (gamma, as live)."""
-        if run != self._arrival_run:
-            return
-        rate = self.current_rate()
-        if rate > 0:
-            self._arrive()
-            gap = arrival_gap(self.rng, rate, float(self.levers["burstiness"]))
-        else:
-            gap = 0.2  # rate 0: look again shortly
-        self.loop.after(gap, lambda: self._next_arrival(run))
+            self.arrivals.stop()
 
     def _arrive(self) -> None:
         """One arrival, its prompt drawn as the live lab's traffic draws it (prompt_mix: a shared
@@ -244,7 +247,7 @@ class SimLab:
             if self.autoscaler is not None and scaling:
                 fewest, most = replica_bounds(self.levers, warm_pool_holds_devices=True)
                 self.autoscaler.reconfigure(**(scaling | {"min_replicas": fewest, "max_replicas": most}))
-            self.ramp = ramp_after(self.ramp, routed[Route.LOAD])
+            self.arrivals.levers_moved(routed[Route.LOAD])
 
     # running ------------------------------------------------------------------------------------
 
@@ -260,7 +263,7 @@ class SimLab:
         """Stop the pacer (and with it every simulated replica and arrival): nothing runs after."""
         self._pacer.stop()
         with self._lock:
-            self.sending = False
+            self.arrivals.stop()
             if self.autoscaler is not None:
                 self.autoscaler.stop()
             for fleet in (self.fleet, self.decode_fleet):
@@ -271,8 +274,7 @@ class SimLab:
         """Run the loop up to sim_speed x the wall time since the last tick, then hand the newest
         snapshot on."""
         now = self.wall.now()
-        if self._last_tick is None:  # the pacer's first tick, on its own thread
-            lower_this_threads_priority()
+        if self._last_tick is None:  # the pacer's first tick starts the wall clock
             self._last_tick = now
             return True
         wall, self._last_tick = min(now - self._last_tick, MAX_LAG_S), now
@@ -369,17 +371,3 @@ class SimTraffic:
 
     def stop(self) -> None:
         self._lab.stop_traffic()
-
-
-def lower_this_threads_priority() -> None:
-    """The pacer runs at the lowest CPU priority (Linux nice is per thread): the live engine's
-    replicas share these cores, and their OpenMP threads wait on each other at every barrier, so
-    a simulation that takes a core from one of them for a moment stalls the whole step (measured:
-    a 64-GPU fleet streaming to one browser made the live decode step 1.71x as long at nice 0).
-    Under live load the simulation runs slower than asked, and achieved_speed shows it."""
-    if sys.platform != "linux":  # macOS's setpriority takes a process id: a thread id could renice another
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except OSError:  # not permitted: run at the normal priority
-        pass
