@@ -161,10 +161,11 @@ def plan_on_card(
     weights = torch.cuda.memory_allocated(config.device)
     scratch = profile_widest_step(model, config, kv_dtype, config.device) if profile else 0
     reading = finish_reading(probe, start, weights)
-    reading = dataclasses.replace(reading, peak=reading.peak - scratch)  # the profile's own KV is no activation
-    if not profile:
-        elem = torch.finfo(model.embed.dtype).bits // 8
-        reading = dataclasses.replace(reading, peak=weights + activation_bytes(config, model.cfg, elem))
+    if profile:
+        peak = reading.peak - scratch  # the profile's own KV is no activation
+    else:
+        peak = weights + activation_bytes(config, model.cfg, torch.finfo(model.embed.dtype).bits // 8)
+    reading = dataclasses.replace(reading, peak=peak)
     log.info("memory on %s: %s", config.device, describe(reading, config.gpu_memory_utilization))
     return plan_cuda_kv(config, model, torch.finfo(kv_dtype).bits // 8, reading)
 

@@ -241,7 +241,7 @@ class ModelRunner:
         nd = len(decodes)
         # Every index tensor in one upload (one pinned copy per dtype on CUDA; none on the CPU).
         ids, pos, slot_t, block_tables, seq_lens, qsl, *chunk_tables = self.staging.upload([
-            np.asarray(token_ids, np.int64), positions.astype(np.int64), slots, tables,
+            np.asarray(token_ids, np.int64), positions.astype(np.int64, copy=False), slots, tables,
             (starts + counts).astype(np.int32), query_start.astype(np.int32),
             *(np.asarray(seq.block_table, np.int64) for seq, _ in prefills),
         ])  # fmt: skip
