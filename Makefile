@@ -52,7 +52,7 @@ run: $(STAMP) $(NODE_STAMP) $(KERNEL_STAMP)
 # kernels. On an AVX2 CPU the first pass already ran them so.
 AVX2_TESTS := tests/test_machine.py tests/test_cpu_attention.py tests/test_sampler.py tests/test_engine_behaviour.py \
 	tests/test_hf_equivalence.py tests/test_bf16_parity.py tests/test_replica.py tests/test_api.py
-ABOVE_AVX2 = $(PY) -c 'from engine import machine as m; c = m.cpu(); raise SystemExit(c.arch != "x86_64" or \
+ABOVE_AVX2 = $(PY) -c 'from engine.platform import machine as m; c = m.cpu(); raise SystemExit(c.arch != "x86_64" or \
 	m.X86_TIERS.index(c.hardware_tier) <= m.X86_TIERS.index("avx2"))'
 
 # The unit tier a test file per worker on every core, then the integration and browser tiers one

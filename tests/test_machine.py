@@ -85,7 +85,7 @@ def test_the_override_caps_the_tier_in_a_fresh_process() -> None:
     if machine.cpu().arch != "x86_64":
         pytest.skip("x86-64 tiers")
     code = (
-        "import json, os; from engine import machine; c = machine.cpu(); "
+        "import json, os; from engine.platform import machine; c = machine.cpu(); "
         "print(json.dumps({'tier': c.tier, 'hw': c.hardware_tier, 'onednn': os.environ.get('ONEDNN_MAX_CPU_ISA'), "
         "'aten': os.environ.get('ATEN_CPU_CAPABILITY'), 'dtype': machine.auto_dtype('cpu')[0]}))"
     )
@@ -102,7 +102,7 @@ def test_the_override_caps_the_tier_in_a_fresh_process() -> None:
 def test_an_override_above_the_hardware_or_unknown_is_refused() -> None:
     info = machine.cpu()
     tiers = X86_TIERS if info.arch == "x86_64" else ARM_TIERS
-    code = "from engine import machine; machine.cpu()"
+    code = "from engine.platform import machine; machine.cpu()"
     for value in ([tiers[-1]] if info.hardware_tier != tiers[-1] else []) + ["pentium"]:
         out = subprocess.run(
             [sys.executable, "-c", code],

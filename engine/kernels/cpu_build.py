@@ -23,6 +23,7 @@ SOURCES = [
     CSRC / "cpu_isa.cpp",
     CSRC / "paged_attention_cpu.cpp",
     CSRC / "attention_avx2.cpp",
+    CSRC / "attention_avx512.cpp",
     CSRC / "prefill_amx.cpp",
     CSRC / "token_pick.cpp",
     CSRC / "linear_int8.cpp",

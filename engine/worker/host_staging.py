@@ -24,7 +24,7 @@ class HostStaging:
             return [torch.from_numpy(np.ascontiguousarray(a)) for a in arrays]
         if self._copied is not None:  # the host must not overwrite a buffer a copy still reads
             self._copied.synchronize()
-        out: list[torch.Tensor | None] = [None] * len(arrays)
+        moved_of: dict[int, torch.Tensor] = {}  # each array's place in the copy
         for dtype in {a.dtype for a in arrays}:
             members = [i for i, a in enumerate(arrays) if a.dtype == dtype]
             total = sum(arrays[i].size for i in members)
@@ -37,12 +37,12 @@ class HostStaging:
             moved = host[:total].to(self.device, non_blocking=True) if self.cuda else host[:total].clone()
             offset = 0
             for i in members:
-                out[i] = moved[offset : offset + arrays[i].size].view(arrays[i].shape)
+                moved_of[i] = moved[offset : offset + arrays[i].size].view(arrays[i].shape)
                 offset += arrays[i].size
         if self.cuda:
             self._copied = torch.cuda.Event()
             self._copied.record()
-        return [t for t in out if t is not None]
+        return [moved_of[i] for i in range(len(arrays))]
 
     def _buffer(self, dtype: np.dtype, size: int) -> torch.Tensor:
         found = self._buffers.get(dtype)

@@ -1,5 +1,6 @@
 // The attention loops' per-block routines (paged_attention_cpu.cpp runs them, one family per
-// ISA): what each takes, and the AVX2 family's entry (attention_avx2.cpp).
+// ISA): what each takes, and the AVX2 and AVX-512 families' entries (attention_avx2.cpp,
+// attention_avx512.cpp).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -42,6 +43,12 @@ struct Kernels {
 // the fold for any such head_dim, the in-place decode for 64 and 128 with groups 1..8.
 template <typename T>
 Kernels<T> avx2_kernels(int64_t D, int64_t G);
+
+// AVX-512 routines (attention_avx512.cpp), for head_dim a multiple of 16 up to 256: the fold for
+// any such head_dim, the in-place decode for 64 and 128 with groups 1..8; bf16 caches on a CPU
+// with AVX512-BF16 (isa, the capped tier) read 16 keys at a time.
+template <typename T>
+Kernels<T> avx512_kernels(int64_t D, int64_t G, int isa);
 #endif
 
 }  // namespace servelab::attn
